@@ -1,0 +1,122 @@
+// Hugging Face config.json <-> model configuration structs (llama, qwen2, siglip_vision_model, and
+// Kestrel's VLM config that nests a vision and a text config).
+//
+// Policy: fields are named as HF names them; a missing key takes the default the HF config class
+// gives it (see each struct); every value is validated once at parse time and an invalid one throws
+// kestrel::Error naming the file and the field. to_json() writes what transformers reads back.
+// Only HF fields live here: Kestrel run settings (recompute policy, dtypes of training) belong to
+// the training config, not to these structs.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kestrel::models {
+
+// Decoder-only text model: model_type "llama" or "qwen2".
+// HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2
+//   vocab_size                                        32000     151936
+//   hidden_size                                       4096      4096
+//   intermediate_size                                 11008     22016
+//   num_hidden_layers / num_attention_heads           32 / 32   32 / 32
+//   num_key_value_heads                               = heads   = heads (see note in config.cpp)
+//   head_dim                                          hidden / heads
+//   max_position_embeddings                           2048      32768
+//   rms_norm_eps                                      1e-6      1e-6
+//   rope_theta                                        10000     10000
+//   bos / eos token id                                1 / 2     none / none
+//   attention_bias, mlp_bias                          false     (q/k/v bias always, o_proj never)
+struct TextConfig {
+  std::string model_type = "llama";
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  int64_t head_dim = 128;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::string rope_scaling_json;  // raw rope_scaling object (or rope_parameters minus rope_theta); "" if none
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // llama only: bias on q, k, v and o projections
+  bool mlp_bias = false;        // llama only
+  std::string hidden_act = "silu";
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;  // HF allows one id or a list
+  std::optional<int64_t> pad_token_id;
+  std::string torch_dtype;  // "bfloat16", "float32", ... as written; "" if absent
+
+  // Which projections carry a bias, from the model_type's rules.
+  bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
+  bool o_proj_bias() const { return model_type == "llama" && attention_bias; }
+  int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
+
+  // `source` names where the JSON came from in error messages.
+  static TextConfig from_json(const nlohmann::json& j, const std::string& source = "<json>");
+  static TextConfig from_file(const std::string& path);
+  static TextConfig defaults_for(const std::string& model_type);  // HF defaults of that type
+  void validate(const std::string& source = "<config>") const;
+  nlohmann::json to_json() const;
+};
+
+// SigLIP vision tower (model_type "siglip_vision_model"). HF SiglipVisionConfig defaults:
+// hidden 768, intermediate 3072, 12 layers, 12 heads, 3 channels, image 224, patch 16,
+// layer_norm_eps 1e-6, hidden_act "gelu_pytorch_tanh".
+struct VisionConfig {
+  std::string model_type = "siglip_vision_model";
+  int64_t hidden_size = 768;
+  int64_t intermediate_size = 3072;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t num_channels = 3;
+  int64_t image_size = 224;
+  int64_t patch_size = 16;
+  double layer_norm_eps = 1e-6;
+  std::string hidden_act = "gelu_pytorch_tanh";
+  std::string torch_dtype;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t patches_per_side() const { return image_size / patch_size; }  // floor, as the patch conv
+  int64_t num_patches() const { return patches_per_side() * patches_per_side(); }
+
+  static VisionConfig from_json(const nlohmann::json& j, const std::string& source = "<json>");
+  static VisionConfig from_file(const std::string& path);
+  void validate(const std::string& source = "<config>") const;
+  nlohmann::json to_json() const;
+};
+
+// Kestrel's VLM (model_type "kestrel_vlm"): vision tower -> pixel shuffle (factor s: s*s patches
+// concatenated into one token) -> MLP projector (hidden projector_hidden_size) -> text embeddings,
+// spliced at positions holding image_token_id.
+// Defaults: pixel_shuffle_factor 2, projector_hidden_size = text hidden_size; image_token_id is
+// required (there is no sensible default).
+struct VlmConfig {
+  VisionConfig vision_config;
+  TextConfig text_config;
+  int64_t pixel_shuffle_factor = 2;
+  int64_t projector_hidden_size = 0;
+  int64_t image_token_id = -1;
+
+  // Image tokens per image after pixel shuffle.
+  int64_t image_tokens_per_image() const {
+    int64_t side = vision_config.patches_per_side() / pixel_shuffle_factor;
+    return side * side;
+  }
+
+  static VlmConfig from_json(const nlohmann::json& j, const std::string& source = "<json>");
+  static VlmConfig from_file(const std::string& path);
+  void validate(const std::string& source = "<config>") const;
+  nlohmann::json to_json() const;
+};
+
+// Reads and parses a JSON file; errors name the file.
+nlohmann::json read_json_file(const std::string& path, const char* component = "config");
+// Writes `j` (indented, trailing newline) atomically.
+void write_json_file(const std::string& path, const nlohmann::json& j, const char* component = "config");
+
+}  // namespace kestrel::models

@@ -1,0 +1,388 @@
+// HF config.json parsing, validation and writing for TextConfig, VisionConfig and VlmConfig.
+//
+// Defaults are those of transformers' LlamaConfig, Qwen2Config and SiglipVisionConfig. One
+// deliberate deviation: Qwen2Config's signature defaults num_key_value_heads to 32 when the key is
+// missing; we default it to num_attention_heads (the documented "backward compatibility" meaning,
+// and what LlamaConfig does), since 32 is invalid for most head counts. Real qwen2 config.json
+// files always carry the key, and to_json() always writes it.
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kestrel/models/config.h"
+#include "kestrel/models/file_io.h"
+#include "kestrel/runtime/error.h"
+
+namespace kestrel::models {
+
+namespace {
+constexpr const char* kComp = "config";
+using nlohmann::json;
+
+// Where we are: the file (or "<json>") and the nesting prefix ("text_config.").
+struct Ctx {
+  const std::string& source;
+  std::string prefix;
+  std::string field(const char* key) const { return prefix + key; }
+};
+
+[[noreturn]] void type_error(const Ctx& c, const char* key, const char* want, const json& v) {
+  throw make_error(kComp, "'", c.source, "': field '", c.field(key), "' must be ", want, ", got ", v.type_name(),
+                   " ", v.dump());
+}
+
+const json* lookup(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+void read_int(const json& j, const Ctx& c, const char* key, int64_t& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_number_integer()) type_error(c, key, "an integer", *v);
+  out = v->get<int64_t>();
+}
+
+void read_double(const json& j, const Ctx& c, const char* key, double& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_number()) type_error(c, key, "a number", *v);
+  out = v->get<double>();
+}
+
+void read_bool(const json& j, const Ctx& c, const char* key, bool& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_boolean()) type_error(c, key, "true or false", *v);
+  out = v->get<bool>();
+}
+
+void read_string(const json& j, const Ctx& c, const char* key, std::string& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_string()) type_error(c, key, "a string", *v);
+  out = v->get<std::string>();
+}
+
+void read_opt_int(const json& j, const Ctx& c, const char* key, std::optional<int64_t>& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_number_integer()) type_error(c, key, "an integer or null", *v);
+  out = v->get<int64_t>();
+}
+
+void read_int_list(const json& j, const Ctx& c, const char* key, std::vector<int64_t>& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  out.clear();
+  if (v->is_number_integer()) {
+    out.push_back(v->get<int64_t>());
+    return;
+  }
+  if (!v->is_array()) type_error(c, key, "an integer or a list of integers", *v);
+  for (const json& e : *v) {
+    if (!e.is_number_integer()) type_error(c, key, "an integer or a list of integers", *v);
+    out.push_back(e.get<int64_t>());
+  }
+}
+
+void check_positive(const Ctx& c, const char* key, int64_t v) {
+  KESTREL_CHECK(v > 0, kComp, "'", c.source, "': field '", c.field(key), "' must be positive, got ", v);
+}
+void check_positive(const Ctx& c, const char* key, double v) {
+  KESTREL_CHECK(v > 0.0, kComp, "'", c.source, "': field '", c.field(key), "' must be positive, got ", v);
+}
+
+void check_object(const json& j, const Ctx& c) {
+  KESTREL_CHECK(j.is_object(), kComp, "'", c.source, "': ", c.prefix.empty() ? std::string("config") : c.prefix,
+                " must be a JSON object, got ", j.type_name());
+}
+
+std::string model_type_of(const json& j, const Ctx& c, const char* fallback) {
+  std::string t = fallback;
+  read_string(j, c, "model_type", t);
+  KESTREL_CHECK(!t.empty(), kComp, "'", c.source, "': field '", c.field("model_type"), "' is missing");
+  return t;
+}
+
+// ---- text ----
+TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
+  check_object(j, c);
+  const std::string type = model_type_of(j, c, fallback_type);
+  KESTREL_CHECK(type == "llama" || type == "qwen2", kComp, "'", c.source, "': field '", c.field("model_type"),
+                "' is '", type, "'; supported text models: llama, qwen2");
+  TextConfig t = TextConfig::defaults_for(type);
+  read_int(j, c, "vocab_size", t.vocab_size);
+  read_int(j, c, "hidden_size", t.hidden_size);
+  read_int(j, c, "intermediate_size", t.intermediate_size);
+  read_int(j, c, "num_hidden_layers", t.num_hidden_layers);
+  read_int(j, c, "num_attention_heads", t.num_attention_heads);
+  t.num_key_value_heads = t.num_attention_heads;
+  read_int(j, c, "num_key_value_heads", t.num_key_value_heads);
+  t.head_dim = t.num_attention_heads > 0 ? t.hidden_size / t.num_attention_heads : 0;
+  read_int(j, c, "head_dim", t.head_dim);
+  read_int(j, c, "max_position_embeddings", t.max_position_embeddings);
+  read_double(j, c, "rms_norm_eps", t.rms_norm_eps);
+  read_double(j, c, "rope_theta", t.rope_theta);
+  if (const json* rs = lookup(j, "rope_scaling")) {
+    if (!rs->is_object()) type_error(c, "rope_scaling", "an object or null", *rs);
+    t.rope_scaling_json = rs->dump();
+  }
+  // transformers >= 5 nests the theta (and any scaling) in rope_parameters.
+  if (const json* rp = lookup(j, "rope_parameters")) {
+    if (!rp->is_object()) type_error(c, "rope_parameters", "an object or null", *rp);
+    Ctx inner{c.source, c.prefix + "rope_parameters."};
+    read_double(*rp, inner, "rope_theta", t.rope_theta);
+    json rest = *rp;
+    rest.erase("rope_theta");
+    const std::string rope_type = rest.value("rope_type", std::string("default"));
+    if (rope_type != "default" && t.rope_scaling_json.empty()) t.rope_scaling_json = rest.dump();
+  }
+  read_bool(j, c, "tie_word_embeddings", t.tie_word_embeddings);
+  if (type == "llama") {
+    read_bool(j, c, "attention_bias", t.attention_bias);
+    read_bool(j, c, "mlp_bias", t.mlp_bias);
+  }
+  read_string(j, c, "hidden_act", t.hidden_act);
+  read_opt_int(j, c, "bos_token_id", t.bos_token_id);
+  read_int_list(j, c, "eos_token_id", t.eos_token_ids);
+  read_opt_int(j, c, "pad_token_id", t.pad_token_id);
+  read_string(j, c, "torch_dtype", t.torch_dtype);
+  if (t.torch_dtype.empty()) read_string(j, c, "dtype", t.torch_dtype);
+  return t;
+}
+
+void validate_text(const TextConfig& t, const Ctx& c) {
+  KESTREL_CHECK(t.model_type == "llama" || t.model_type == "qwen2", kComp, "'", c.source, "': field '",
+                c.field("model_type"), "' is '", t.model_type, "'; supported text models: llama, qwen2");
+  check_positive(c, "vocab_size", t.vocab_size);
+  check_positive(c, "hidden_size", t.hidden_size);
+  check_positive(c, "intermediate_size", t.intermediate_size);
+  check_positive(c, "num_hidden_layers", t.num_hidden_layers);
+  check_positive(c, "num_attention_heads", t.num_attention_heads);
+  check_positive(c, "num_key_value_heads", t.num_key_value_heads);
+  check_positive(c, "head_dim", t.head_dim);
+  check_positive(c, "max_position_embeddings", t.max_position_embeddings);
+  check_positive(c, "rms_norm_eps", t.rms_norm_eps);
+  check_positive(c, "rope_theta", t.rope_theta);
+  KESTREL_CHECK(t.hidden_size % t.num_attention_heads == 0, kComp, "'", c.source, "': field '",
+                c.field("num_attention_heads"), "' (", t.num_attention_heads, ") must divide hidden_size (",
+                t.hidden_size, ")");
+  KESTREL_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, kComp, "'", c.source, "': field '",
+                c.field("num_key_value_heads"), "' (", t.num_key_value_heads, ") must divide num_attention_heads (",
+                t.num_attention_heads, ")");
+  KESTREL_CHECK(t.head_dim % 2 == 0, kComp, "'", c.source, "': field '", c.field("head_dim"),
+                "' must be even for rotary embeddings, got ", t.head_dim);
+  KESTREL_CHECK(t.hidden_act == "silu", kComp, "'", c.source, "': field '", c.field("hidden_act"), "' is '",
+                t.hidden_act, "'; only 'silu' is supported");
+  KESTREL_CHECK(t.model_type == "llama" || (!t.attention_bias && !t.mlp_bias), kComp, "'", c.source,
+                "': attention_bias/mlp_bias are llama fields; qwen2 always has q/k/v bias and no o_proj bias");
+}
+
+json text_to_json(const TextConfig& t) {
+  json j = json::object();
+  j["architectures"] = {t.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = t.model_type;
+  j["vocab_size"] = t.vocab_size;
+  j["hidden_size"] = t.hidden_size;
+  j["intermediate_size"] = t.intermediate_size;
+  j["num_hidden_layers"] = t.num_hidden_layers;
+  j["num_attention_heads"] = t.num_attention_heads;
+  j["num_key_value_heads"] = t.num_key_value_heads;
+  if (t.model_type == "llama" || t.head_dim != t.hidden_size / t.num_attention_heads) j["head_dim"] = t.head_dim;
+  j["max_position_embeddings"] = t.max_position_embeddings;
+  j["rms_norm_eps"] = t.rms_norm_eps;
+  j["rope_theta"] = t.rope_theta;
+  j["rope_scaling"] = t.rope_scaling_json.empty() ? json(nullptr) : json::parse(t.rope_scaling_json);
+  j["tie_word_embeddings"] = t.tie_word_embeddings;
+  if (t.model_type == "llama") {
+    j["attention_bias"] = t.attention_bias;
+    j["mlp_bias"] = t.mlp_bias;
+  } else {
+    j["use_sliding_window"] = false;
+  }
+  j["hidden_act"] = t.hidden_act;
+  j["bos_token_id"] = t.bos_token_id ? json(*t.bos_token_id) : json(nullptr);
+  if (t.eos_token_ids.empty()) j["eos_token_id"] = nullptr;
+  else if (t.eos_token_ids.size() == 1) j["eos_token_id"] = t.eos_token_ids[0];
+  else j["eos_token_id"] = t.eos_token_ids;
+  if (t.pad_token_id) j["pad_token_id"] = *t.pad_token_id;
+  if (!t.torch_dtype.empty()) j["torch_dtype"] = t.torch_dtype;
+  return j;
+}
+
+// ---- vision ----
+VisionConfig parse_vision(const json& j, const Ctx& c) {
+  check_object(j, c);
+  VisionConfig v;
+  const std::string type = model_type_of(j, c, "siglip_vision_model");
+  KESTREL_CHECK(type == "siglip_vision_model", kComp, "'", c.source, "': field '", c.field("model_type"), "' is '",
+                type, "'; supported vision models: siglip_vision_model");
+  read_int(j, c, "hidden_size", v.hidden_size);
+  read_int(j, c, "intermediate_size", v.intermediate_size);
+  read_int(j, c, "num_hidden_layers", v.num_hidden_layers);
+  read_int(j, c, "num_attention_heads", v.num_attention_heads);
+  read_int(j, c, "num_channels", v.num_channels);
+  read_int(j, c, "image_size", v.image_size);
+  read_int(j, c, "patch_size", v.patch_size);
+  read_double(j, c, "layer_norm_eps", v.layer_norm_eps);
+  read_string(j, c, "hidden_act", v.hidden_act);
+  read_string(j, c, "torch_dtype", v.torch_dtype);
+  if (v.torch_dtype.empty()) read_string(j, c, "dtype", v.torch_dtype);
+  return v;
+}
+
+void validate_vision(const VisionConfig& v, const Ctx& c) {
+  check_positive(c, "hidden_size", v.hidden_size);
+  check_positive(c, "intermediate_size", v.intermediate_size);
+  check_positive(c, "num_hidden_layers", v.num_hidden_layers);
+  check_positive(c, "num_attention_heads", v.num_attention_heads);
+  check_positive(c, "num_channels", v.num_channels);
+  check_positive(c, "image_size", v.image_size);
+  check_positive(c, "patch_size", v.patch_size);
+  check_positive(c, "layer_norm_eps", v.layer_norm_eps);
+  KESTREL_CHECK(v.hidden_size % v.num_attention_heads == 0, kComp, "'", c.source, "': field '",
+                c.field("num_attention_heads"), "' (", v.num_attention_heads, ") must divide hidden_size (",
+                v.hidden_size, ")");
+  // Not required to divide image_size: the patch conv floors (so400m-patch14-384 has 27x27 patches).
+  KESTREL_CHECK(v.patch_size <= v.image_size, kComp, "'", c.source, "': field '", c.field("patch_size"), "' (",
+                v.patch_size, ") must not exceed image_size (", v.image_size, ")");
+  KESTREL_CHECK(v.hidden_act == "gelu_pytorch_tanh", kComp, "'", c.source, "': field '", c.field("hidden_act"),
+                "' is '", v.hidden_act, "'; only 'gelu_pytorch_tanh' is supported");
+}
+
+json vision_to_json(const VisionConfig& v) {
+  json j = json::object();
+  j["model_type"] = v.model_type;
+  j["hidden_size"] = v.hidden_size;
+  j["intermediate_size"] = v.intermediate_size;
+  j["num_hidden_layers"] = v.num_hidden_layers;
+  j["num_attention_heads"] = v.num_attention_heads;
+  j["num_channels"] = v.num_channels;
+  j["image_size"] = v.image_size;
+  j["patch_size"] = v.patch_size;
+  j["layer_norm_eps"] = v.layer_norm_eps;
+  j["hidden_act"] = v.hidden_act;
+  if (!v.torch_dtype.empty()) j["torch_dtype"] = v.torch_dtype;
+  return j;
+}
+}  // namespace
+
+// ---- TextConfig ----
+
+TextConfig TextConfig::defaults_for(const std::string& model_type) {
+  TextConfig t;
+  t.model_type = model_type;
+  if (model_type == "qwen2") {
+    t.vocab_size = 151936;
+    t.intermediate_size = 22016;
+    t.max_position_embeddings = 32768;
+    t.bos_token_id.reset();
+    t.eos_token_ids.clear();
+  } else {
+    KESTREL_CHECK(model_type == "llama", kComp, "unknown text model_type '", model_type,
+                  "'; supported: llama, qwen2");
+    t.bos_token_id = 1;
+    t.eos_token_ids = {2};
+  }
+  return t;
+}
+
+TextConfig TextConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  Ctx c{source, ""};
+  TextConfig t = parse_text(j, c, "");
+  validate_text(t, c);
+  return t;
+}
+
+TextConfig TextConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
+
+void TextConfig::validate(const std::string& source) const { validate_text(*this, Ctx{source, ""}); }
+
+nlohmann::json TextConfig::to_json() const { return text_to_json(*this); }
+
+// ---- VisionConfig ----
+
+VisionConfig VisionConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  Ctx c{source, ""};
+  VisionConfig v = parse_vision(j, c);
+  validate_vision(v, c);
+  return v;
+}
+
+VisionConfig VisionConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
+
+void VisionConfig::validate(const std::string& source) const { validate_vision(*this, Ctx{source, ""}); }
+
+nlohmann::json VisionConfig::to_json() const { return vision_to_json(*this); }
+
+// ---- VlmConfig ----
+
+VlmConfig VlmConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  Ctx c{source, ""};
+  check_object(j, c);
+  const std::string type = model_type_of(j, c, "");
+  KESTREL_CHECK(type == "kestrel_vlm", kComp, "'", source, "': field 'model_type' is '", type,
+                "'; a VLM config needs 'kestrel_vlm'");
+  VlmConfig m;
+  const json* vc = lookup(j, "vision_config");
+  const json* tc = lookup(j, "text_config");
+  KESTREL_CHECK(vc != nullptr, kComp, "'", source, "': field 'vision_config' is missing");
+  KESTREL_CHECK(tc != nullptr, kComp, "'", source, "': field 'text_config' is missing");
+  m.vision_config = parse_vision(*vc, Ctx{source, "vision_config."});
+  m.text_config = parse_text(*tc, Ctx{source, "text_config."}, "llama");
+  read_int(j, c, "pixel_shuffle_factor", m.pixel_shuffle_factor);
+  m.projector_hidden_size = m.text_config.hidden_size;
+  read_int(j, c, "projector_hidden_size", m.projector_hidden_size);
+  KESTREL_CHECK(lookup(j, "image_token_id") != nullptr, kComp, "'", source, "': field 'image_token_id' is missing");
+  read_int(j, c, "image_token_id", m.image_token_id);
+  m.validate(source);
+  return m;
+}
+
+VlmConfig VlmConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
+
+void VlmConfig::validate(const std::string& source) const {
+  Ctx c{source, ""};
+  validate_vision(vision_config, Ctx{source, "vision_config."});
+  validate_text(text_config, Ctx{source, "text_config."});
+  check_positive(c, "pixel_shuffle_factor", pixel_shuffle_factor);
+  check_positive(c, "projector_hidden_size", projector_hidden_size);
+  KESTREL_CHECK(vision_config.patches_per_side() % pixel_shuffle_factor == 0, kComp, "'", source,
+                "': field 'pixel_shuffle_factor' (", pixel_shuffle_factor, ") must divide the patch grid side (",
+                vision_config.patches_per_side(), ")");
+  KESTREL_CHECK(image_token_id >= 0 && image_token_id < text_config.vocab_size, kComp, "'", source,
+                "': field 'image_token_id' (", image_token_id, ") must lie in [0, text_config.vocab_size = ",
+                text_config.vocab_size, ")");
+}
+
+nlohmann::json VlmConfig::to_json() const {
+  json j = json::object();
+  j["model_type"] = "kestrel_vlm";
+  j["vision_config"] = vision_to_json(vision_config);
+  j["text_config"] = text_to_json(text_config);
+  j["pixel_shuffle_factor"] = pixel_shuffle_factor;
+  j["projector_hidden_size"] = projector_hidden_size;
+  j["image_token_id"] = image_token_id;
+  return j;
+}
+
+// ---- files ----
+
+nlohmann::json read_json_file(const std::string& path, const char* component) {
+  auto map = MappedFile::open(path, component);
+  const char* text = reinterpret_cast<const char*>(map->data());
+  try {
+    return json::parse(text, text + map->size());
+  } catch (const json::parse_error& e) {
+    throw make_error(component, "'", path, "' is not valid JSON: ", e.what());
+  }
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j, const char* component) {
+  const std::string text = j.dump(2) + "\n";
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())), component);
+}
+
+}  // namespace kestrel::models
