@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""PyTorch scaled_dot_product_attention (FLASH_ATTENTION and CUDNN_ATTENTION backends) on the same
+shapes as bench/cuda/flash_attention.cu: bf16, 16384 tokens as batch 16384/T, 32 heads, T in
+{1k..16k}, D in {64, 128}, causal and bidirectional, forward and forward+backward. FLOPs: forward
+4*T*T*D*H*batch (halved when causal), backward 2.5x forward. Timed with CUDA events, median of
+repeats, inputs rotated over several sets so L2 does not hold them.
+
+With --kestrel-json FILE (Google Benchmark --benchmark_format=json output of bench_flash_attention)
+the Kestrel numbers are printed in the same table.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+TOKENS, HEADS = 16384, 32
+
+
+def flops(t, d, causal, bwd):
+    f = 4.0 * t * t * d * HEADS * (TOKENS // t) * (0.5 if causal else 1.0)
+    return f * (3.5 if bwd else 1.0)
+
+
+def time_ms(fn, reps=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def bench_torch(backend, t, d, causal, bwd):
+    b = TOKENS // t
+    sets = []
+    for _ in range(3):
+        q, k, v = (torch.randn(b, HEADS, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=bwd)
+                   for _ in range(3))
+        g = torch.randn(b, HEADS, t, d, device="cuda", dtype=torch.bfloat16)
+        sets.append((q, k, v, g))
+    i = [0]
+
+    def step():
+        q, k, v, g = sets[i[0] % len(sets)]
+        i[0] += 1
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if bwd:
+                torch.autograd.grad(o, (q, k, v), g)
+
+    try:
+        ms = time_ms(step)
+    except RuntimeError as err:  # backend unavailable for this shape
+        print(f"# {backend} T={t} D={d}: {str(err).splitlines()[0]}")
+        return None
+    return flops(t, d, causal, bwd) / (ms * 1e-3) / 1e12
+
+
+def load_kestrel(path):
+    out = {}
+    if not path:
+        return out
+    with open(path) as f:
+        data = json.load(f)
+    for bm in data.get("benchmarks", []):
+        name = bm["name"]  # BM_flash_attention/T:8192/D:128/causal:1/bwd:1/min_time:.../manual_time
+        kv = dict(part.split(":", 1) for part in name.split("/")[1:] if ":" in part)
+        key = (int(kv["T"]), int(kv["D"]), bool(int(kv["causal"])), bool(int(kv["bwd"])))
+        out[key] = bm.get("TFLOPs", 0.0) / 1e0
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kestrel-json", default=None)
+    ap.add_argument("--quick", action="store_true", help="only T=8192")
+    args = ap.parse_args()
+    kes = load_kestrel(args.kestrel_json)
+    ts = [8192] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    print(f"# {torch.__version__} {torch.cuda.get_device_name()} bf16, {TOKENS} tokens, {HEADS} heads; TFLOP/s")
+    print("| pass | causal | D | T | kestrel | torch FA2 | torch cuDNN |")
+    print("|---|---|---|---|---|---|---|")
+    for bwd in (False, True):
+        for causal in (True, False):
+            for d in (64, 128):
+                for t in ts:
+                    fa = bench_torch(SDPBackend.FLASH_ATTENTION, t, d, causal, bwd)
+                    cd = bench_torch(SDPBackend.CUDNN_ATTENTION, t, d, causal, bwd)
+                    k = kes.get((t, d, causal, bwd))
+                    fmt = lambda x: "-" if x is None else f"{x:.0f}"
+                    print(f"| {'fwd+bwd' if bwd else 'fwd'} | {int(causal)} | {d} | {t} | {fmt(k)} | {fmt(fa)} | "
+                          f"{fmt(cd)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+// Flash attention throughput (bf16, H200): 16384 tokens packed as 16384/T documents of length T,
+// 32 query heads (= KV heads), T in {1k..16k}, D in {64, 128}, causal and bidirectional, forward
+// and forward+backward. FLOPs are counted as FlashAttention does: forward 4*T*T*D*H per document
+// (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
+// TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include "cuda/flash_attention.h"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace {
+
+using kestrel::cuda::AttnDType;
+using kestrel::cuda::FlashAttentionBackwardParams;
+using kestrel::cuda::FlashAttentionParams;
+
+constexpr int kTokens = 16384;
+constexpr int kHeads = 32;
+
+// Deterministic pseudo-random bf16 in about [-2, 2): never zeros, no host transfer.
+__global__ void fill_random_bf16(uint16_t* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float f = (static_cast<float>(h & 0xffffu) / 65536.f - 0.5f) * 4.f;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    x[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+struct Buffers {
+  void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *ws;
+  float* lse;
+  int32_t* cu;
+  size_t ws_bytes;
+};
+
+void BM_flash_attention(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0));
+  const int D = static_cast<int>(state.range(1));
+  const bool causal = state.range(2) != 0;
+  const bool backward = state.range(3) != 0;
+  const int docs = kTokens / T;
+  const size_t n = static_cast<size_t>(kTokens) * kHeads * D;
+  Buffers b{};
+  for (void** p : {&b.q, &b.k, &b.v, &b.out, &b.dout, &b.dq, &b.dk, &b.dv})
+    KESTREL_CUDA_CHECK(cudaMalloc(p, n * 2));
+  KESTREL_CUDA_CHECK(cudaMalloc(&b.lse, static_cast<size_t>(kTokens) * kHeads * sizeof(float)));
+  std::vector<int32_t> cu(docs + 1);
+  for (int i = 0; i <= docs; ++i) cu[i] = i * T;
+  KESTREL_CUDA_CHECK(cudaMalloc(&b.cu, cu.size() * sizeof(int32_t)));
+  KESTREL_CUDA_CHECK(cudaMemcpy(b.cu, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  uint32_t seed = 1;
+  for (void* p : {b.q, b.k, b.v, b.dout}) fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed++);
+  KESTREL_CUDA_CHECK_LAUNCH();
+
+  FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, kHeads, kHeads, D,
+                         1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16};
+  b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, kTokens);
+  KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
+  FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
+
+  cudaEvent_t start, stop;
+  KESTREL_CUDA_CHECK(cudaEventCreate(&start));
+  KESTREL_CUDA_CHECK(cudaEventCreate(&stop));
+  auto step = [&] {
+    kestrel::cuda::flash_attention_forward(p, nullptr);
+    if (backward) kestrel::cuda::flash_attention_backward(bp, kTokens, nullptr);
+  };
+  for (int i = 0; i < 3; ++i) step();  // warm-up: module load, smem attribute
+  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto _ : state) {
+    KESTREL_CUDA_CHECK(cudaEventRecord(start));
+    step();
+    KESTREL_CUDA_CHECK(cudaEventRecord(stop));
+    KESTREL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+  }
+  const double fwd_flops = 4.0 * T * T * D * kHeads * docs * (causal ? 0.5 : 1.0);
+  const double flops = fwd_flops * (backward ? 3.5 : 1.0);
+  state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd"));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
+  cudaFree(b.lse);
+  cudaFree(b.cu);
+}
+
+void args(benchmark::internal::Benchmark* bm) {
+  for (int bwd : {0, 1})
+    for (int causal : {1, 0})
+      for (int d : {64, 128})
+        for (int t : {1024, 2048, 4096, 8192, 16384}) bm->Args({t, d, causal, bwd});
+  bm->ArgNames({"T", "D", "causal", "bwd"});
+}
+
+BENCHMARK(BM_flash_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+
+}  // namespace
+
+BENCHMARK_MAIN();

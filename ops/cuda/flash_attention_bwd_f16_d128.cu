@@ -1,0 +1,6 @@
+// Explicit instantiation: flash attention backward, f16, head dim 128 (own file: the largest kernel).
+#include "cuda/flash_attention_bwd_kernel.cuh"
+
+namespace kestrel::cuda::fa {
+template void launch_bwd<__half, 128>(const BwdArgs&, cudaStream_t);
+}  // namespace kestrel::cuda::fa

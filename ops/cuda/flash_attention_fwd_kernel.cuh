@@ -1,0 +1,193 @@
+// Flash attention forward kernel (FA2): one block per (query tile, query head, document).
+//
+// Each warp owns 16 query rows. Key/value tiles stream through shared memory with cp.async:
+// the V tile loads while Q K^T runs, the next K tile loads while P V runs. The softmax is online
+// (running row max m, running row sum l, rescaled O accumulator in registers); P goes from the
+// S accumulator registers straight into the A operand of the P V mma. Key tiles are walked from
+// the last to the first, so the masked (diagonal / ragged) tiles come first and the mask test is
+// one uniform branch per tile. Causal masking is bottom-right aligned per document.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+
+#include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention_launch.cuh"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace kestrel::cuda::fa {
+
+template <typename T, int kD, int kBr, int kBc>
+__global__ void __launch_bounds__(kBr / 16 * 32) flash_fwd_kernel(const FlashAttentionParams p) {
+  constexpr int kWarps = kBr / 16;
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kNt = kBc / 8;  // S n-tiles per warp
+  constexpr int kDt = kD / 8;   // O n-tiles per warp
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = smem_u32(smem);          // [kBr][kD]
+  const uint32_t sK = sQ + kBr * kD * 2;       // [kBc][kD]
+  const uint32_t sV = sK + kBc * kD * 2;       // [kBc][kD]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int h = blockIdx.x;
+  const int doc = blockIdx.z;
+  const int m_block = gridDim.y - 1 - blockIdx.y;  // heaviest (causal) tiles launch first
+  const int q_start = p.cu_seqlens_q[doc], len_q = p.cu_seqlens_q[doc + 1] - q_start;
+  const int k_start = p.cu_seqlens_k[doc], len_k = p.cu_seqlens_k[doc + 1] - k_start;
+  const int m0 = m_block * kBr;
+  if (m0 >= len_q) return;
+  const int hk = h / (p.num_heads_q / p.num_heads_kv);
+  const int D = p.head_dim;
+  const int off = len_k - len_q;  // key j visible to query i iff j <= i + off (causal)
+  const int n_end = p.causal ? min(len_k, m0 + kBr + off) : len_k;
+  const int n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  T* out = static_cast<T*>(p.out);
+  const int64_t q_stride = static_cast<int64_t>(p.num_heads_q) * D;
+  const int64_t kv_stride = static_cast<int64_t>(p.num_heads_kv) * D;
+  const T* q_tile = q + (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
+  const T* k_head = k + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
+  const T* v_head = v + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
+
+  const int row_lo = m0 + warp * 16 + g;  // this thread's two query rows: row_lo, row_lo + 8
+  float o[kDt][4];
+#pragma unroll
+  for (int i = 0; i < kDt; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_i[2] = {-INFINITY, -INFINITY};
+  float l_i[2] = {0.f, 0.f};
+  const float sl2 = p.softmax_scale * 1.4426950408889634f;
+
+  if (n_blocks > 0) {
+    load_tile_async<kBr, kD, kThreads>(sQ, q_tile, q_stride, len_q - m0, D, tid);
+    {
+      const int n0 = (n_blocks - 1) * kBc;
+      load_tile_async<kBc, kD, kThreads>(sK, k_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
+    }
+    cp_async_commit();
+  }
+
+  for (int nb = n_blocks - 1; nb >= 0; --nb) {
+    const int n0 = nb * kBc;
+    cp_async_wait<0>();
+    __syncthreads();  // K tile (and Q) visible; previous P V done with sV
+    load_tile_async<kBc, kD, kThreads>(sV, v_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
+    cp_async_commit();
+
+    // S = Q K^T for this warp's 16 rows: [16, kBc]
+    float s[kNt][4];
+#pragma unroll
+    for (int i = 0; i < kNt; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, sQ + swz<kD>(warp * 16 + (lane % 16), kk * 2 + lane / 16));
+#pragma unroll
+      for (int nt2 = 0; nt2 < kBc / 16; ++nt2) {
+        uint32_t b[4];
+        ldsm_x4(b, sK + swz<kD>(nt2 * 16 + (lane / 16) * 8 + (lane % 8), kk * 2 + ((lane / 8) & 1)));
+        mma16816<T>(s[2 * nt2], a, b[0], b[1]);
+        mma16816<T>(s[2 * nt2 + 1], a, b[2], b[3]);
+      }
+    }
+
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_lo + (e >= 2 ? 8 : 0);
+          const int j = n0 + nt * 8 + 2 * c + (e & 1);
+          if (j >= len_k || (p.causal && j > i + off)) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax: rows r=0 (row_lo) and r=1 (row_lo+8); each quad shares a row.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_i[r];
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = quad_max(mx);
+      const float alpha = (m_i[r] == -INFINITY) ? 0.f : fast_exp2((m_i[r] - mx) * sl2);
+      const float ms = (mx == -INFINITY) ? 0.f : mx * sl2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], sl2, -ms));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], sl2, -ms));
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      l_i[r] = l_i[r] * alpha + sum;
+      m_i[r] = mx;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V tile visible; every warp is done reading sK
+    if (nb > 0) {
+      const int n0n = (nb - 1) * kBc;
+      load_tile_async<kBc, kD, kThreads>(sK, k_head + n0n * kv_stride, kv_stride, len_k - n0n, D, tid);
+      cp_async_commit();
+    }
+
+    // O += P V: P [16, kBc] from registers, V [kBc, kD] via ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt2 = 0; dt2 < kD / 16; ++dt2) {
+        uint32_t b[4];
+        ldsm_x4_t(b, sV + swz<kD>(kk * 16 + ((lane / 8) & 1) * 8 + (lane % 8), dt2 * 2 + lane / 16));
+        mma16816<T>(o[2 * dt2], a, b[0], b[1]);
+        mma16816<T>(o[2 * dt2 + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Epilogue: O / l, lse = m * scale + ln(l); rows without a visible key give 0 and -inf.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(l_i[r]);
+    const int row = row_lo + r * 8;
+    if (row >= len_q) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t tok = q_start + row;
+    T* orow = out + (tok * p.num_heads_q + h) * D;
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      const int col = dt * 8 + 2 * c;
+      if (col < D)
+        *reinterpret_cast<uint32_t*>(orow + col) = pack2<T>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    }
+    if (c == 0)
+      p.lse[tok * p.num_heads_q + h] = l > 0.f ? m_i[r] * p.softmax_scale + logf(l) : -INFINITY;
+  }
+}
+
+template <typename T, int kD>
+void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
+  using Tr = FwdTraits<kD>;
+  constexpr int kThreads = Tr::kBr / 16 * 32;
+  constexpr size_t smem = static_cast<size_t>(Tr::kBr + 2 * Tr::kBc) * kD * 2;
+  auto kernel = flash_fwd_kernel<T, kD, Tr::kBr, Tr::kBc>;
+  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(p.num_heads_q, (p.max_seqlen_q + Tr::kBr - 1) / Tr::kBr, p.num_docs);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda::fa

@@ -1,0 +1,62 @@
+// Entry point of the flash attention forward: validates the parameters once, picks the
+// head-dim instantiation (64 and 128 exact; other sizes zero-padded to 64/128/256, announced
+// once on stderr as the slower path) and launches on the caller's stream.
+#include <atomic>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/flash_attention.h"
+#include "cuda/flash_attention_launch.cuh"
+#include "kestrel/runtime/error.h"
+
+namespace kestrel::cuda {
+namespace fa {
+
+// Validates what both directions share; throws kestrel::Error naming flash_attention.
+void check_params(const FlashAttentionParams& p) {
+  KESTREL_CHECK(p.q && p.k && p.v && p.out && p.lse, "flash_attention", "q, k, v, out and lse must be non-null");
+  KESTREL_CHECK(p.cu_seqlens_q && p.cu_seqlens_k, "flash_attention", "cu_seqlens_q/k must be non-null");
+  KESTREL_CHECK(p.num_docs >= 0 && p.num_docs <= 65535, "flash_attention", "num_docs must be in [0, 65535], got ",
+                p.num_docs);
+  KESTREL_CHECK(p.max_seqlen_q >= 0 && p.max_seqlen_k >= 0, "flash_attention", "max_seqlen must be >= 0");
+  KESTREL_CHECK(p.num_heads_q > 0 && p.num_heads_kv > 0 && p.num_heads_q % p.num_heads_kv == 0, "flash_attention",
+                "num_heads_q (", p.num_heads_q, ") must be a positive multiple of num_heads_kv (", p.num_heads_kv,
+                ")");
+  KESTREL_CHECK(p.head_dim > 0 && p.head_dim <= 256 && p.head_dim % 8 == 0, "flash_attention",
+                "head_dim must be a multiple of 8 in [8, 256], got ", p.head_dim);
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  KESTREL_CHECK(aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out), "flash_attention",
+                "q, k, v and out must be 16-byte aligned");
+}
+
+// Kernel head dim for a runtime head_dim; prints the slower-path notice the first time.
+int padded_head_dim(int head_dim) {
+  if (head_dim == 64 || head_dim == 128) return head_dim;
+  const int padded = head_dim < 64 ? 64 : head_dim < 128 ? 128 : 256;
+  static std::atomic<bool> announced{false};
+  if (!announced.exchange(true))
+    std::fprintf(stderr,
+                 "[flash_attention] head_dim %d runs the zero-padded head_dim-%d kernels (slower path; "
+                 "64 and 128 are the fast path)\n",
+                 head_dim, padded);
+  return padded;
+}
+
+}  // namespace fa
+
+void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
+  fa::check_params(p);
+  KESTREL_CHECK(p.max_seqlen_q / 64 < 65535, "flash_attention", "max_seqlen_q too large: ", p.max_seqlen_q);
+  if (p.num_docs == 0 || p.max_seqlen_q == 0) return;
+  const int d = fa::padded_head_dim(p.head_dim);
+  const bool bf = p.dtype == AttnDType::BF16;
+  switch (d) {
+    case 64: bf ? fa::launch_fwd<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd<__half, 64>(p, stream); break;
+    case 128: bf ? fa::launch_fwd<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd<__half, 128>(p, stream); break;
+    default: bf ? fa::launch_fwd<__nv_bfloat16, 256>(p, stream) : fa::launch_fwd<__half, 256>(p, stream); break;
+  }
+}
+
+}  // namespace kestrel::cuda

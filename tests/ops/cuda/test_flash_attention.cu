@@ -1,0 +1,507 @@
+// Tests of the flash attention kernels (ops/cuda/flash_attention.h) against two independent
+// references written here: a float64 CPU reference for small shapes, and a naive float32 GPU
+// reference (one warp per row, no tiling, no online softmax) for large shapes. Inputs are fresh
+// random bf16/f16 values; every output is NaN-poisoned before the kernel runs, so an unwritten
+// element or a NaN fails isfinite. Covers packed documents (length 1 included), len_q != len_k
+// with rows that see no key (out 0, lse -inf), GQA 1/4/8, causal and bidirectional, head dims
+// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "cuda/flash_attention.h"
+#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/runtime/dtype.h"
+#include "kestrel/runtime/error.h"
+#include "support/gpu.h"
+
+namespace {
+
+using kestrel::cuda::AttnDType;
+using kestrel::cuda::FlashAttentionBackwardParams;
+using kestrel::cuda::FlashAttentionParams;
+
+struct Case {
+  std::vector<int> len_q, len_k;  // per document
+  int hq, hkv, d;
+  bool causal;
+  AttnDType dtype;
+  int total_q() const { int s = 0; for (int x : len_q) s += x; return s; }
+  int total_k() const { int s = 0; for (int x : len_k) s += x; return s; }
+  std::string name() const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "docs=%zu Tq=%d Tk=%d Hq=%d Hkv=%d D=%d %s %s", len_q.size(), total_q(), total_k(),
+                  hq, hkv, d, causal ? "causal" : "bidir", dtype == AttnDType::BF16 ? "bf16" : "f16");
+    return buf;
+  }
+};
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) { KESTREL_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void upload(const std::vector<T>& h) { KESTREL_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    KESTREL_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison() { KESTREL_CUDA_CHECK(cudaMemset(ptr, 0xff, std::max<size_t>(1, n) * sizeof(T))); }  // NaN for f32/bf16/f16
+};
+
+uint16_t to_bits(float f, AttnDType t) {
+  return t == AttnDType::BF16 ? kestrel::float_to_bf16_bits(f) : kestrel::float_to_f16_bits(f);
+}
+float from_bits(uint16_t b, AttnDType t) {
+  return t == AttnDType::BF16 ? kestrel::bf16_bits_to_float(b) : kestrel::f16_bits_to_float(b);
+}
+
+// Random low-precision tensor: bits for the device, the rounded values as float for references.
+struct LowTensor {
+  std::vector<uint16_t> bits;
+  std::vector<float> val;
+};
+LowTensor random_tensor(size_t n, float scale, AttnDType t, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, scale);
+  LowTensor r{std::vector<uint16_t>(n), std::vector<float>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    r.bits[i] = to_bits(nd(rng), t);
+    r.val[i] = from_bits(r.bits[i], t);
+  }
+  return r;
+}
+std::vector<float> to_float(const std::vector<uint16_t>& b, AttnDType t) {
+  std::vector<float> r(b.size());
+  for (size_t i = 0; i < b.size(); ++i) r[i] = from_bits(b[i], t);
+  return r;
+}
+
+template <typename A, typename B>
+double rel_l2(const std::vector<A>& got, const std::vector<B>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double r = static_cast<double>(ref[i]);
+    const double d = static_cast<double>(got[i]) - r;
+    num += d * d;
+    den += r * r;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+template <typename A>
+size_t count_nonfinite(const std::vector<A>& v) {
+  size_t n = 0;
+  for (const A& x : v) n += !std::isfinite(static_cast<double>(x));
+  return n;
+}
+
+// ---- references ----
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;  // lse -inf for rows without a visible key
+};
+
+// float64 CPU reference of forward and backward.
+Reference cpu_reference(const Case& cs, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v, const std::vector<float>& dout, float scale) {
+  const int D = cs.d, Hq = cs.hq, Hkv = cs.hkv, G = Hq / Hkv;
+  Reference r;
+  r.out.assign(static_cast<size_t>(cs.total_q()) * Hq * D, 0.0);
+  r.lse.assign(static_cast<size_t>(cs.total_q()) * Hq, -INFINITY);
+  r.dq.assign(r.out.size(), 0.0);
+  r.dk.assign(static_cast<size_t>(cs.total_k()) * Hkv * D, 0.0);
+  r.dv.assign(r.dk.size(), 0.0);
+  int qs = 0, ks = 0;
+  for (size_t doc = 0; doc < cs.len_q.size(); ++doc) {
+    const int lq = cs.len_q[doc], lk = cs.len_k[doc], off = lk - lq;
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / G;
+      for (int i = 0; i < lq; ++i) {
+        const int jmax = cs.causal ? std::min(lk, i + off + 1) : lk;
+        if (jmax <= 0) continue;
+        const float* qi = &q[((size_t)(qs + i) * Hq + h) * D];
+        const float* gi = &dout[((size_t)(qs + i) * Hq + h) * D];
+        std::vector<double> s(jmax), dp(jmax);
+        double m = -INFINITY;
+        for (int j = 0; j < jmax; ++j) {
+          const float* kj = &k[((size_t)(ks + j) * Hkv + hk) * D];
+          const float* vj = &v[((size_t)(ks + j) * Hkv + hk) * D];
+          double acc = 0, accp = 0;
+          for (int d = 0; d < D; ++d) acc += (double)qi[d] * kj[d], accp += (double)gi[d] * vj[d];
+          s[j] = acc * scale;
+          dp[j] = accp;
+          m = std::max(m, s[j]);
+        }
+        double l = 0;
+        for (int j = 0; j < jmax; ++j) l += std::exp(s[j] - m);
+        double* o = &r.out[((size_t)(qs + i) * Hq + h) * D];
+        for (int j = 0; j < jmax; ++j) {
+          s[j] = std::exp(s[j] - m) / l;  // P
+          const float* vj = &v[((size_t)(ks + j) * Hkv + hk) * D];
+          for (int d = 0; d < D; ++d) o[d] += s[j] * vj[d];
+        }
+        r.lse[(size_t)(qs + i) * Hq + h] = m + std::log(l);
+        double delta = 0;
+        for (int d = 0; d < D; ++d) delta += o[d] * gi[d];
+        double* dqi = &r.dq[((size_t)(qs + i) * Hq + h) * D];
+        for (int j = 0; j < jmax; ++j) {
+          const double ds = s[j] * (dp[j] - delta);
+          const size_t kb = ((size_t)(ks + j) * Hkv + hk) * D;
+          for (int d = 0; d < D; ++d) {
+            dqi[d] += scale * ds * k[kb + d];
+            r.dk[kb + d] += scale * ds * qi[d];
+            r.dv[kb + d] += s[j] * gi[d];
+          }
+        }
+      }
+    }
+    qs += lq;
+    ks += lk;
+  }
+  return r;
+}
+
+// Naive float32 GPU reference: one warp per (query row, head) or (key row, KV head); lane l holds
+// columns l, l+32, ... Doc of a token comes from a per-token table.
+constexpr int kMaxPerLane = 8;  // D <= 256
+
+__device__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+struct RefArgs {
+  const float *q, *k, *v, *dout;
+  const int *cu_q, *cu_k, *doc_q, *doc_k;
+  int total_q, total_k, hq, hkv, d;
+  float scale;
+  bool causal;
+  float *out, *lse, *delta, *dq, *dk, *dv;
+};
+
+__global__ void ref_forward_kernel(RefArgs a) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= a.total_q * a.hq) return;
+  const int t = row / a.hq, h = row % a.hq, hk = h / (a.hq / a.hkv), doc = a.doc_q[t];
+  const int i = t - a.cu_q[doc], lq = a.cu_q[doc + 1] - a.cu_q[doc], ks = a.cu_k[doc], lk = a.cu_k[doc + 1] - ks;
+  const int jmax = a.causal ? min(lk, i + lk - lq + 1) : lk;
+  float qv[kMaxPerLane], acc[kMaxPerLane];
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    qv[e] = d < a.d ? a.q[(size_t)row * a.d + d] : 0.f;
+    acc[e] = 0.f;
+  }
+  float m = -INFINITY;
+  for (int j = 0; j < jmax; ++j) {
+    float s = 0;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < a.d) s += qv[e] * a.k[((size_t)(ks + j) * a.hkv + hk) * a.d + d];
+    }
+    m = fmaxf(m, warp_sum(s) * a.scale);
+  }
+  float l = 0;
+  for (int j = 0; j < jmax; ++j) {
+    float s = 0;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < a.d) s += qv[e] * a.k[((size_t)(ks + j) * a.hkv + hk) * a.d + d];
+    }
+    const float p = expf(warp_sum(s) * a.scale - m);
+    l += p;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < a.d) acc[e] += p * a.v[((size_t)(ks + j) * a.hkv + hk) * a.d + d];
+    }
+  }
+  float delta = 0;
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < a.d) {
+      const float o = l > 0 ? acc[e] / l : 0.f;
+      a.out[(size_t)row * a.d + d] = o;
+      delta += o * a.dout[(size_t)row * a.d + d];
+    }
+  }
+  delta = warp_sum(delta);
+  if (lane == 0) {
+    a.lse[row] = l > 0 ? m + logf(l) : -INFINITY;
+    a.delta[row] = delta;
+  }
+}
+
+__global__ void ref_dq_kernel(RefArgs a) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= a.total_q * a.hq) return;
+  const int t = row / a.hq, h = row % a.hq, hk = h / (a.hq / a.hkv), doc = a.doc_q[t];
+  const int i = t - a.cu_q[doc], lq = a.cu_q[doc + 1] - a.cu_q[doc], ks = a.cu_k[doc], lk = a.cu_k[doc + 1] - ks;
+  const int jmax = a.causal ? min(lk, i + lk - lq + 1) : lk;
+  const float lse = a.lse[row], delta = a.delta[row];
+  float acc[kMaxPerLane] = {};
+  for (int j = 0; j < jmax; ++j) {
+    const size_t kb = ((size_t)(ks + j) * a.hkv + hk) * a.d;
+    float s = 0, dp = 0;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < a.d) {
+        s += a.q[(size_t)row * a.d + d] * a.k[kb + d];
+        dp += a.dout[(size_t)row * a.d + d] * a.v[kb + d];
+      }
+    }
+    const float p = expf(warp_sum(s) * a.scale - lse);
+    const float ds = p * (warp_sum(dp) - delta);
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < a.d) acc[e] += ds * a.k[kb + d];
+    }
+  }
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < a.d) a.dq[(size_t)row * a.d + d] = acc[e] * a.scale;
+  }
+}
+
+__global__ void ref_dkdv_kernel(RefArgs a) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= a.total_k * a.hkv) return;
+  const int t = row / a.hkv, hk = row % a.hkv, doc = a.doc_k[t], G = a.hq / a.hkv;
+  const int qs = a.cu_q[doc], lq = a.cu_q[doc + 1] - qs, j = t - a.cu_k[doc], lk = a.cu_k[doc + 1] - a.cu_k[doc];
+  const int i0 = a.causal ? max(0, j - (lk - lq)) : 0;
+  float adk[kMaxPerLane] = {}, adv[kMaxPerLane] = {};
+  for (int h = hk * G; h < (hk + 1) * G; ++h) {
+    for (int i = i0; i < lq; ++i) {
+      const size_t qr = (size_t)(qs + i) * a.hq + h;
+      float s = 0, dp = 0;
+      for (int e = 0; e < kMaxPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < a.d) {
+          s += a.q[qr * a.d + d] * a.k[(size_t)row * a.d + d];
+          dp += a.dout[qr * a.d + d] * a.v[(size_t)row * a.d + d];
+        }
+      }
+      const float p = expf(warp_sum(s) * a.scale - a.lse[qr]);
+      const float ds = p * (warp_sum(dp) - a.delta[qr]);
+      for (int e = 0; e < kMaxPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < a.d) {
+          adv[e] += p * a.dout[qr * a.d + d];
+          adk[e] += ds * a.q[qr * a.d + d];
+        }
+      }
+    }
+  }
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < a.d) {
+      a.dk[(size_t)row * a.d + d] = adk[e] * a.scale;
+      a.dv[(size_t)row * a.d + d] = adv[e];
+    }
+  }
+}
+
+Reference gpu_reference(const Case& cs, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v, const std::vector<float>& dout, float scale) {
+  const int Tq = cs.total_q(), Tk = cs.total_k();
+  std::vector<int> cu_q{0}, cu_k{0}, doc_q, doc_k;
+  for (size_t i = 0; i < cs.len_q.size(); ++i) {
+    cu_q.push_back(cu_q.back() + cs.len_q[i]);
+    cu_k.push_back(cu_k.back() + cs.len_k[i]);
+    doc_q.insert(doc_q.end(), cs.len_q[i], (int)i);
+    doc_k.insert(doc_k.end(), cs.len_k[i], (int)i);
+  }
+  DeviceBuffer<float> dq_(q.size()), dk_(k.size()), dv_(v.size()), ddo(dout.size());
+  DeviceBuffer<float> out(q.size()), lse((size_t)Tq * cs.hq), delta((size_t)Tq * cs.hq), gq(q.size()),
+      gk(k.size()), gv(v.size());
+  DeviceBuffer<int> dcq(cu_q.size()), dck(cu_k.size()), ddq(doc_q.size()), ddk(doc_k.size());
+  dq_.upload(q), dk_.upload(k), dv_.upload(v), ddo.upload(dout);
+  dcq.upload(cu_q), dck.upload(cu_k), ddq.upload(doc_q), ddk.upload(doc_k);
+  RefArgs a{dq_.ptr, dk_.ptr, dv_.ptr, ddo.ptr, dcq.ptr, dck.ptr, ddq.ptr, ddk.ptr, Tq, Tk, cs.hq, cs.hkv, cs.d,
+            scale, cs.causal, out.ptr, lse.ptr, delta.ptr, gq.ptr, gk.ptr, gv.ptr};
+  const int rows_q = Tq * cs.hq, rows_k = Tk * cs.hkv;
+  ref_forward_kernel<<<(rows_q + 7) / 8, 256>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  ref_dq_kernel<<<(rows_q + 7) / 8, 256>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  ref_dkdv_kernel<<<(rows_k + 7) / 8, 256>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+  auto to_d = [](const std::vector<float>& f) { return std::vector<double>(f.begin(), f.end()); };
+  return Reference{to_d(out.download()), to_d(lse.download()), to_d(gq.download()), to_d(gk.download()),
+                   to_d(gv.download())};
+}
+
+// ---- running the kernels ----
+struct Result {
+  std::vector<uint16_t> out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+struct Problem {
+  Case cs;
+  LowTensor q, k, v, dout;
+  float scale;
+};
+
+Problem make_problem(const Case& cs, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t nq = (size_t)cs.total_q() * cs.hq * cs.d, nk = (size_t)cs.total_k() * cs.hkv * cs.d;
+  Problem p{cs, random_tensor(nq, 1.f, cs.dtype, rng), random_tensor(nk, 1.f, cs.dtype, rng),
+            random_tensor(nk, 1.f, cs.dtype, rng), random_tensor(nq, 1.f, cs.dtype, rng),
+            1.f / std::sqrt(static_cast<float>(cs.d))};
+  return p;
+}
+
+Result run_flash(const Problem& pr) {
+  const Case& cs = pr.cs;
+  std::vector<int> cu_q{0}, cu_k{0};
+  int mq = 0, mk = 0;
+  for (size_t i = 0; i < cs.len_q.size(); ++i) {
+    cu_q.push_back(cu_q.back() + cs.len_q[i]);
+    cu_k.push_back(cu_k.back() + cs.len_k[i]);
+    mq = std::max(mq, cs.len_q[i]);
+    mk = std::max(mk, cs.len_k[i]);
+  }
+  const int Tq = cs.total_q();
+  DeviceBuffer<uint16_t> q(pr.q.bits.size()), k(pr.k.bits.size()), v(pr.v.bits.size()), dout(pr.dout.bits.size());
+  DeviceBuffer<uint16_t> out(q.n), dq(q.n), dk(k.n), dv(v.n);
+  DeviceBuffer<float> lse((size_t)Tq * cs.hq);
+  DeviceBuffer<int> dcq(cu_q.size()), dck(cu_k.size());
+  q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
+  dcq.upload(cu_q), dck.upload(cu_k);
+  out.poison(), dq.poison(), dk.poison(), dv.poison(), lse.poison();
+  FlashAttentionParams p{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dcq.ptr, dck.ptr, (int)cs.len_q.size(), mq, mk,
+                         cs.hq, cs.hkv, cs.d, pr.scale, cs.causal, cs.dtype};
+  kestrel::cuda::flash_attention_forward(p, nullptr);
+  const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, Tq);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  ws.poison();
+  FlashAttentionBackwardParams bp{p, dout.ptr, dq.ptr, dk.ptr, dv.ptr, ws.ptr, ws_bytes};
+  kestrel::cuda::flash_attention_backward(bp, Tq, nullptr);
+  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+  return Result{out.download(), dq.download(), dk.download(), dv.download(), lse.download()};
+}
+
+// Error budgets (rel. L2 against a float64/float32 reference). The kernel rounds P and dS to the
+// input precision before the second matmul and rounds outputs; the measured errors are printed.
+struct Tol {
+  double out, grad;
+};
+Tol tolerance(AttnDType t) { return t == AttnDType::BF16 ? Tol{1e-2, 2e-2} : Tol{4e-3, 8e-3}; }
+
+void check_against(const Problem& pr, const Result& r, const Reference& ref) {
+  const Case& cs = pr.cs;
+  const AttnDType t = cs.dtype;
+  const auto out = to_float(r.out, t), dq = to_float(r.dq, t), dk = to_float(r.dk, t), dv = to_float(r.dv, t);
+  EXPECT_EQ(count_nonfinite(out), 0u) << "out has NaN/inf or unwritten elements";
+  EXPECT_EQ(count_nonfinite(dq), 0u) << "dq";
+  EXPECT_EQ(count_nonfinite(dk), 0u) << "dk";
+  EXPECT_EQ(count_nonfinite(dv), 0u) << "dv";
+  // lse: -inf exactly where the reference has no visible key, close elsewhere.
+  double lse_err = 0;
+  size_t lse_bad = 0;
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      lse_bad += !(std::isinf(r.lse[i]) && r.lse[i] < 0);
+    } else {
+      if (!std::isfinite(r.lse[i])) ++lse_bad;
+      else lse_err = std::max(lse_err, std::abs(r.lse[i] - ref.lse[i]) / (1.0 + std::abs(ref.lse[i])));
+    }
+  }
+  const Tol tol = tolerance(t);
+  const double e_out = rel_l2(out, ref.out), e_dq = rel_l2(dq, ref.dq), e_dk = rel_l2(dk, ref.dk),
+               e_dv = rel_l2(dv, ref.dv);
+  std::printf("[flash] %-58s out %.2e lse %.1e dq %.2e dk %.2e dv %.2e\n", cs.name().c_str(), e_out, lse_err, e_dq,
+              e_dk, e_dv);
+  EXPECT_EQ(lse_bad, 0u) << "lse not finite where it should be, or not -inf for rows without keys";
+  EXPECT_LE(lse_err, 1e-4);
+  EXPECT_LE(e_out, tol.out);
+  EXPECT_LE(e_dq, tol.grad);
+  EXPECT_LE(e_dk, tol.grad);
+  EXPECT_LE(e_dv, tol.grad);
+}
+
+void run_case(const Case& cs, bool cpu_ref, uint32_t seed) {
+  const Problem pr = make_problem(cs, seed);
+  const Result r = run_flash(pr);
+  const Reference ref = cpu_ref ? cpu_reference(cs, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, pr.scale)
+                                : gpu_reference(cs, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, pr.scale);
+  check_against(pr, r, ref);
+}
+
+Case single(int t, int hq, int hkv, int d, bool causal, AttnDType dt) { return Case{{t}, {t}, hq, hkv, d, causal, dt}; }
+constexpr AttnDType BF = AttnDType::BF16, F16 = AttnDType::F16;
+
+TEST(FlashAttentionCuda, SmallShapesMatchFloat64) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 1;
+  for (bool causal : {true, false}) {
+    run_case(single(1, 2, 2, 64, causal, BF), true, seed++);
+    run_case(single(17, 4, 1, 64, causal, BF), true, seed++);        // GQA 4
+    run_case(single(100, 8, 1, 128, causal, F16), true, seed++);     // GQA 8
+    run_case(single(130, 2, 2, 128, causal, BF), true, seed++);
+    run_case(Case{{1, 17, 5, 64, 1, 33, 1}, {1, 17, 5, 64, 1, 33, 1}, 4, 2, 72, causal, F16}, true, seed++);
+    // len_q != len_k: bottom-right causal alignment; doc 3 has queries that see no key.
+    run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
+    run_case(single(70, 2, 1, 256, causal, BF), true, seed++);
+    run_case(single(45, 2, 2, 32, causal, F16), true, seed++);
+  }
+}
+
+TEST(FlashAttentionCuda, LargeShapesMatchNaiveGpu) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 100;
+  run_case(single(1000, 8, 2, 128, true, BF), false, seed++);
+  run_case(single(1000, 8, 2, 128, false, BF), false, seed++);
+  run_case(single(4097, 4, 4, 64, false, BF), false, seed++);
+  run_case(single(4097, 4, 1, 128, true, BF), false, seed++);
+  run_case(Case{{1000, 1, 4097, 17, 1, 255}, {1000, 1, 4097, 17, 1, 255}, 8, 1, 128, true, F16}, false, seed++);
+  run_case(Case{{1000, 1, 4097, 17, 1, 255}, {1000, 1, 4097, 17, 1, 255}, 4, 1, 64, false, BF}, false, seed++);
+  run_case(single(1000, 4, 4, 72, false, BF), false, seed++);  // SigLIP so400m head dim
+  run_case(single(1000, 4, 2, 72, true, F16), false, seed++);
+  run_case(single(777, 2, 2, 256, true, BF), false, seed++);
+}
+
+TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
+  KESTREL_REQUIRE_GPU();
+  const Problem pr = make_problem(Case{{1000, 1, 2049}, {1000, 1, 2049}, 8, 2, 128, true, BF}, 7);
+  const Result a = run_flash(pr), b = run_flash(pr);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
+  // dq: f32 atomics in varying order; after rounding, at most one ulp apart.
+  const auto qa = to_float(a.dq, BF), qb = to_float(b.dq, BF);
+  size_t differ = 0, beyond_ulp = 0;
+  for (size_t i = 0; i < qa.size(); ++i) {
+    if (qa[i] == qb[i]) continue;
+    ++differ;
+    beyond_ulp += std::abs(qa[i] - qb[i]) > std::ldexp(std::max(std::abs(qa[i]), std::abs(qb[i])), -7);
+  }
+  std::printf("[flash] dq repeat: %zu of %zu elements differ (max 1 bf16 ulp expected)\n", differ, qa.size());
+  EXPECT_EQ(beyond_ulp, 0u);
+}
+
+TEST(FlashAttentionCuda, InvalidParamsThrow) {
+  FlashAttentionParams p{};
+  int dummy[4] = {};
+  p.q = p.k = p.v = p.out = dummy;
+  p.lse = reinterpret_cast<float*>(dummy);
+  p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+  p.num_docs = 1, p.max_seqlen_q = p.max_seqlen_k = 4;
+  p.num_heads_q = 6, p.num_heads_kv = 4, p.head_dim = 64, p.softmax_scale = 0.125f;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // 6 % 4 != 0
+  p.num_heads_q = 8, p.head_dim = 12;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // not a multiple of 8
+  p.head_dim = 264;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // > 256
+}
+
+}  // namespace
