@@ -1,0 +1,228 @@
+// Benchmark: fused linear + cross-entropy, loss + d_hidden + d_weight, N = 8192 tokens, H = 4096, bf16,
+// V in {32000, 128256, 152064, 250000}, against its ceiling measured in the same binary: the same three
+// GEMMs (logits = X W^T, d_hidden = G W, d_weight = G^T X) run unchunked through the same cuBLASLt path.
+// FLOPs counted: 3 * 2 * N * H * V. Extra memory: the op's workspace (it allocates nothing else; the
+// free-memory delta around the first call is printed to prove it). Outputs (d_hidden bf16, d_weight f32)
+// are the caller's and reported apart. Inputs are random (never zeros), generated on the device.
+#include <benchmark/benchmark.h>
+
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "cuda/fused_linear_cross_entropy.h"
+#include "cuda/fused_linear_cross_entropy_internal.h"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace {
+
+using kestrel::DType;
+namespace kc = kestrel::cuda;
+
+constexpr int64_t kTokens = 8192, kHidden = 4096;
+constexpr int kIters = 8;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct DeviceBytes {
+  void* ptr = nullptr;
+  explicit DeviceBytes(size_t n) { KESTREL_CUDA_CHECK(cudaMalloc(&ptr, n)); }
+  ~DeviceBytes() { KESTREL_CUDA_CHECK_NOTHROW(cudaFree(ptr)); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+  return uint32_t(x);
+}
+// Uniform(-scale, scale) bf16.
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16_rn(scale * (float(mix(seed * 0x9e3779b97f4a7c15ull + i)) * 2.3283064e-10f * 2.0f - 1.0f));
+}
+// Labels in [0, V), about 3% ignored.
+__global__ void fill_labels(int64_t* p, int64_t n, int64_t v, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix(seed + i);
+    p[i] = (r % 100) < 3 ? -100 : int64_t(mix(seed ^ (i * 7919)) % uint32_t(v));
+  }
+}
+
+struct Timer {
+  cudaEvent_t start, stop;
+  Timer() { KESTREL_CUDA_CHECK(cudaEventCreate(&start)); KESTREL_CUDA_CHECK(cudaEventCreate(&stop)); }
+  ~Timer() { cudaEventDestroy(start); cudaEventDestroy(stop); }
+  template <class F> double ms(F&& f, cudaStream_t s) {
+    KESTREL_CUDA_CHECK(cudaEventRecord(start, s));
+    f();
+    KESTREL_CUDA_CHECK(cudaEventRecord(stop, s));
+    KESTREL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    return t;
+  }
+};
+
+struct Row {
+  double fused_ms = 0, fused_tflops = 0, cublas_ms = 0, cublas_tflops = 0, workspace_gib = 0, hidden_alloc_gib = 0,
+         outputs_gib = 0, loss = 0;
+  int64_t token_chunk = 0, vocab_chunk = 0;
+};
+std::map<std::pair<int64_t, int64_t>, Row> g_rows;  // (V, bound MiB) -> row
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Context {
+  cublasLtHandle_t lt = nullptr;
+  cudaStream_t stream = nullptr;
+  Context() {
+    KESTREL_CUBLAS_CHECK(cublasLtCreate(&lt));
+    KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+};
+Context& ctx() {
+  static Context c;
+  return c;
+}
+
+// args: V, workspace bound in MiB
+void BM_FusedLinearCrossEntropy(benchmark::State& state) {
+  const int64_t v = state.range(0), bound_mib = state.range(1);
+  auto& c = ctx();
+  DeviceBytes x(kTokens * kHidden * 2), w(size_t(v) * kHidden * 2), labels(kTokens * 8), loss(4),
+      dh(kTokens * kHidden * 2), dw(size_t(v) * kHidden * 4);
+  fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(x.ptr), kTokens * kHidden, 1, 1.0f);
+  fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(w.ptr), size_t(v) * kHidden, 2, 0.03f);
+  fill_labels<<<64, 256, 0, c.stream>>>(static_cast<int64_t*>(labels.ptr), kTokens, v, 3);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  kc::FusedLinearCrossEntropyParams p;
+  p.dtype = DType::BF16; p.tokens = kTokens; p.hidden = kHidden; p.vocab = v;
+  p.hidden_states = x.ptr; p.weight = w.ptr; p.labels = static_cast<int64_t*>(labels.ptr);
+  p.loss = static_cast<float*>(loss.ptr); p.d_hidden = dh.ptr; p.d_weight = static_cast<float*>(dw.ptr);
+  const auto chunks = kc::pick_fused_linear_cross_entropy_chunks(p, size_t(bound_mib) << 20);
+  p.token_chunk = chunks.token_chunk;
+  p.vocab_chunk = chunks.vocab_chunk;
+  const size_t ws_bytes = kc::fused_linear_cross_entropy_workspace_bytes(p);
+  DeviceBytes ws(ws_bytes);
+  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+  size_t free_before = 0, free_after = 0, total = 0;
+  KESTREL_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  kc::fused_linear_cross_entropy(p, ws.ptr, ws_bytes, c.lt, c.stream);  // warm-up: plans, module load
+  KESTREL_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  KESTREL_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  Timer timer;
+  std::vector<double> times;
+  for (auto _ : state) {
+    const double t = timer.ms([&] { kc::fused_linear_cross_entropy(p, ws.ptr, ws_bytes, c.lt, c.stream); }, c.stream);
+    state.SetIterationTime(t / 1e3);
+    times.push_back(t);
+  }
+  float l = 0;
+  KESTREL_CUDA_CHECK(cudaMemcpy(&l, loss.ptr, 4, cudaMemcpyDeviceToHost));
+  Row& row = g_rows[{v, bound_mib}];
+  row.fused_ms = median(times);
+  row.fused_tflops = 6.0 * kTokens * kHidden * double(v) / (row.fused_ms * 1e-3) / 1e12;
+  row.workspace_gib = double(ws_bytes) / kGiB;
+  row.hidden_alloc_gib = (double(free_before) - double(free_after)) / kGiB;
+  row.outputs_gib = double(kTokens * kHidden * 2 + size_t(v) * kHidden * 4) / kGiB;
+  row.loss = l;
+  row.token_chunk = chunks.token_chunk;
+  row.vocab_chunk = chunks.vocab_chunk;
+  state.counters["TFLOP/s"] = row.fused_tflops;
+  state.counters["workspace_GiB"] = row.workspace_gib;
+  state.counters["Nc"] = double(chunks.token_chunk);
+  state.counters["loss"] = l;
+}
+
+// The ceiling: the same three GEMMs unchunked (full [N, V] bf16 logits / G), same cuBLASLt plan path.
+void BM_CublasThreeGemms(benchmark::State& state) {
+  const int64_t v = state.range(0);
+  auto& c = ctx();
+  const int64_t ldv = (v + 7) / 8 * 8;
+  DeviceBytes x(kTokens * kHidden * 2), w(size_t(v) * kHidden * 2), g(size_t(kTokens) * ldv * 2),
+      dh(kTokens * kHidden * 2), dw(size_t(v) * kHidden * 4), lt_ws(size_t(32) << 20);
+  fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(x.ptr), kTokens * kHidden, 4, 1.0f);
+  fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(w.ptr), size_t(v) * kHidden, 5, 0.03f);
+  fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(g.ptr), size_t(kTokens) * ldv, 6, 1e-4f);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  namespace fc = kc::fused_ce;
+  const fc::GemmDesc logits{CUBLAS_OP_T, CUBLAS_OP_N, v, kTokens, kHidden, kHidden, kHidden, ldv, CUDA_R_16BF, CUDA_R_16BF};
+  const fc::GemmDesc dhid{CUBLAS_OP_N, CUBLAS_OP_N, kHidden, kTokens, v, kHidden, ldv, kHidden, CUDA_R_16BF, CUDA_R_16BF};
+  const fc::GemmDesc dwt{CUBLAS_OP_N, CUBLAS_OP_T, kHidden, v, kTokens, kHidden, ldv, kHidden, CUDA_R_16BF, CUDA_R_32F};
+  auto run = [&] {
+    fc::lt_matmul(c.lt, logits, w.ptr, x.ptr, g.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+    fc::lt_matmul(c.lt, dhid, w.ptr, g.ptr, dh.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+    fc::lt_matmul(c.lt, dwt, x.ptr, g.ptr, dw.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+  };
+  run();
+  KESTREL_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  Timer timer;
+  std::vector<double> times;
+  for (auto _ : state) {
+    const double t = timer.ms(run, c.stream);
+    state.SetIterationTime(t / 1e3);
+    times.push_back(t);
+  }
+  const double ms = median(times);
+  const double tflops = 6.0 * kTokens * kHidden * double(v) / (ms * 1e-3) / 1e12;
+  for (auto& [key, row] : g_rows)
+    if (key.first == v) { row.cublas_ms = ms; row.cublas_tflops = tflops; }
+  g_rows[{v, 0}].cublas_ms = ms;
+  g_rows[{v, 0}].cublas_tflops = tflops;
+  state.counters["TFLOP/s"] = tflops;
+}
+
+void register_all() {
+  const int64_t vocabs[] = {32000, 128256, 152064, 250000};
+  for (int64_t v : vocabs) {
+    benchmark::RegisterBenchmark("fused_ce/bf16/loss+grads", BM_FusedLinearCrossEntropy)
+        ->Args({v, 1536})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+    if (v == 250000)
+      benchmark::RegisterBenchmark("fused_ce/bf16/loss+grads", BM_FusedLinearCrossEntropy)
+          ->Args({v, 1024})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("cublas/bf16/3_gemms_unchunked", BM_CublasThreeGemms)
+        ->Args({v})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+}
+
+void print_summary() {
+  std::printf("\nfused linear+CE, N=%lld H=%lld bf16, loss+d_hidden+d_weight; FLOPs = 6*N*H*V\n",
+              (long long)kTokens, (long long)kHidden);
+  std::printf("%8s %6s %6s %6s %9s %8s %9s %8s %6s %8s %8s %8s\n", "V", "boundM", "Nc", "Vc", "fused_ms", "TFLOP/s",
+              "cublas_ms", "TFLOP/s", "ratio", "ws_GiB", "hidnGiB", "outGiB");
+  std::map<int64_t, std::pair<double, double>> ceiling;
+  for (auto& [key, row] : g_rows)
+    if (row.cublas_ms > 0) ceiling[key.first] = {row.cublas_ms, row.cublas_tflops};
+  for (auto& [key, row] : g_rows) {
+    if (key.second == 0) continue;
+    const auto [cms, ctf] = ceiling[key.first];
+    std::printf("%8lld %6lld %6lld %6lld %9.2f %8.1f %9.2f %8.1f %6.2f %8.3f %8.3f %8.3f\n", (long long)key.first,
+                (long long)key.second, (long long)row.token_chunk, (long long)row.vocab_chunk, row.fused_ms,
+                row.fused_tflops, cms, ctf, ctf > 0 ? row.fused_tflops / ctf : 0.0, row.workspace_gib,
+                row.hidden_alloc_gib, row.outputs_gib);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    benchmark::Initialize(&argc, argv);
+    register_all();
+    benchmark::RunSpecifiedBenchmarks();
+    print_summary();
+    benchmark::Shutdown();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
