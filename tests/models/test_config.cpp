@@ -175,6 +175,8 @@ TEST(Config, FileRoundTripAndTransformersShape) {
   { std::ofstream(dir / "broken.json") << "{\"model_type\": \"llama\","; }
   expect_error([&] { TextConfig::from_file((dir / "broken.json").string()); }, {"broken.json", "not valid JSON"});
   expect_error([&] { TextConfig::from_file((dir / "absent.json").string()); }, {"absent.json", "cannot open"});
+  { std::ofstream(dir / "empty.json"); }
+  expect_error([&] { TextConfig::from_file((dir / "empty.json").string()); }, {"empty.json", "not valid JSON"});
   fs::remove_all(dir);
 }
 

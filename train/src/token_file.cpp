@@ -83,6 +83,7 @@ void TokenFile::read(int64_t start, std::span<uint32_t> out) const {
   KESTREL_CHECK(start >= 0 && start <= count_ && n <= count_ - start, kComp, "'", path(), "': read of ", n,
                 " tokens at ", start, " runs past the ", count_, " tokens in the file");
   const std::byte* base = map_->data() + kTokenHeaderBytes;
+  if (n == 0) return;
   if (format_ == TokenFormat::U32) {
     std::memcpy(out.data(), base + 4 * start, static_cast<size_t>(4 * n));  // little-endian host
     return;
