@@ -98,6 +98,12 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
     for (int e = 0; e < 4; ++e) dv[i][e] = dk[i][e] = 0.f;
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
   const int key_lo = n0 + warp * 16 + g;  // this thread's keys: key_lo, key_lo + 8
+  const uint32_t base_a = swz<kD>(warp * 16 + (lane % 16), lane / 16);                   // K/V as A
+  const uint32_t base_b = swz<kD>((lane / 16) * 8 + (lane % 8), (lane / 8) & 1);           // Q/dO as B
+  const uint32_t base_t = swz<kD>(((lane / 8) & 1) * 8 + (lane % 8), lane / 16 ^ (dc0 / 8));  // .trans B
+  const int rg = warp % kRowGroups, cg = warp / kRowGroups;  // dQ warp tile
+  const uint32_t base_kq = swz<kD>(((lane / 8) & 1) * 8 + (lane % 8), lane / 16 ^ ((dc0 + cg * kQCols) / 8));
+  const uint32_t base_ds = swz<kBr>((lane / 16) * 8 + (lane % 8), ((lane / 8) & 1) ^ (rg * 2));
 
   for (int it = 0; it < n_iter; ++it) {
     const int h = hk * group + it / tiles_per_head;
@@ -121,17 +127,16 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t ak[4], av[4];
-      ldsm_x4(ak, sK + swz<kD>(warp * 16 + (lane % 16), kk * 2 + lane / 16));
-      ldsm_x4(av, sV + swz<kD>(warp * 16 + (lane % 16), kk * 2 + lane / 16));
+      ldsm_x4(ak, sK + swz_at<kD>(base_a, 0, kk * 2));
+      ldsm_x4(av, sV + swz_at<kD>(base_a, 0, kk * 2));
 #pragma unroll
       for (int nt2 = 0; nt2 < kBr / 16; ++nt2) {
-        const int row = nt2 * 16 + (lane / 16) * 8 + (lane % 8);
-        const int ch = kk * 2 + ((lane / 8) & 1);
+        const uint32_t off = swz_at<kD>(base_b, nt2 * 16, kk * 2);
         uint32_t b[4];
-        ldsm_x4(b, sQ + swz<kD>(row, ch));
+        ldsm_x4(b, sQ + off);
         mma16816<T>(s[2 * nt2], ak, b[0], b[1]);
         mma16816<T>(s[2 * nt2 + 1], ak, b[2], b[3]);
-        ldsm_x4(b, sdO + swz<kD>(row, ch));
+        ldsm_x4(b, sdO + off);
         mma16816<T>(dp[2 * nt2], av, b[0], b[1]);
         mma16816<T>(dp[2 * nt2 + 1], av, b[2], b[3]);
       }
@@ -178,13 +183,12 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < kDC / 16; ++dt2) {
-        const int row = kk * 16 + ((lane / 8) & 1) * 8 + (lane % 8);
-        const int ch = dc0 / 8 + dt2 * 2 + lane / 16;
+        const uint32_t off = swz_at<kD>(base_t, kk * 16, dt2 * 2);
         uint32_t b[4];
-        ldsm_x4_t(b, sdO + swz<kD>(row, ch));
+        ldsm_x4_t(b, sdO + off);
         mma16816<T>(dv[2 * dt2], ap, b[0], b[1]);
         mma16816<T>(dv[2 * dt2 + 1], ap, b[2], b[3]);
-        ldsm_x4_t(b, sQ + swz<kD>(row, ch));
+        ldsm_x4_t(b, sQ + off);
         mma16816<T>(dk[2 * dt2], ads, b[0], b[1]);
         mma16816<T>(dk[2 * dt2 + 1], ads, b[2], b[3]);
       }
@@ -193,19 +197,17 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
 
     // dQ[kBr, kDC] += dS [kBr, kBc] K [kBc, kDC]; warp (rg, cg) owns 16 rows x kQCols columns.
     {
-      const int rg = warp % kRowGroups, cg = warp / kRowGroups;
       float dq[kQCols / 8][4];
 #pragma unroll
       for (int i = 0; i < kQCols / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t ad[4];
-        ldsm_x4_t(ad, sdS + swz<kBr>(kk * 16 + (lane / 16) * 8 + (lane % 8), rg * 2 + ((lane / 8) & 1)));
+        ldsm_x4_t(ad, sdS + swz_at<kBr>(base_ds, kk * 16, 0));
 #pragma unroll
         for (int dt2 = 0; dt2 < kQCols / 16; ++dt2) {
           uint32_t b[4];
-          ldsm_x4_t(b, sK + swz<kD>(kk * 16 + ((lane / 8) & 1) * 8 + (lane % 8),
-                                     (dc0 + cg * kQCols) / 8 + dt2 * 2 + lane / 16));
+          ldsm_x4_t(b, sK + swz_at<kD>(base_kq, kk * 16, dt2 * 2));
           mma16816<T>(dq[2 * dt2], ad, b[0], b[1]);
           mma16816<T>(dq[2 * dt2 + 1], ad, b[2], b[3]);
         }
@@ -247,17 +249,21 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   }
 }
 
+template <typename T, int kD, int kBc, int kBr, int kDC>
+void launch_bwd_cfg(const BwdArgs& a, cudaStream_t stream) {
+  constexpr int kThreads = kBc / 16 * 32;
+  constexpr size_t smem = static_cast<size_t>(2 * kBc * kD + 4 * kBr * kD + kBc * kBr) * 2 + 4 * kBr * sizeof(float);
+  auto kernel = flash_bwd_kernel<T, kD, kBc, kBr, kDC>;
+  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(a.p.num_heads_kv * (kD / kDC), (a.p.max_seqlen_k + kBc - 1) / kBc, a.p.num_docs);
+  kernel<<<grid, kThreads, smem, stream>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int kD>
 void launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<kD>;
-  constexpr int kThreads = Tr::kBc / 16 * 32;
-  constexpr size_t smem = static_cast<size_t>(2 * Tr::kBc * kD + 4 * Tr::kBr * kD + Tr::kBc * Tr::kBr) * 2 +
-                          4 * Tr::kBr * sizeof(float);
-  auto kernel = flash_bwd_kernel<T, kD, Tr::kBc, Tr::kBr, Tr::kDC>;
-  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dim3 grid(a.p.num_heads_kv * (kD / Tr::kDC), (a.p.max_seqlen_k + Tr::kBc - 1) / Tr::kBc, a.p.num_docs);
-  kernel<<<grid, kThreads, smem, stream>>>(a);
-  KESTREL_CUDA_CHECK_LAUNCH();
+  launch_bwd_cfg<T, kD, Tr::kBc, Tr::kBr, Tr::kDC>(a, stream);
 }
 
 }  // namespace kestrel::cuda::fa

@@ -108,6 +108,15 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   }
 }
 
+// Address of (row base_row + rc, chunk base_chunk ^ kc) given base = swz<kCols>(base_row, base_chunk):
+// valid when rc is a multiple of 8 and kc's bits are disjoint from base_chunk's. Keeping one base
+// register per access pattern and applying compile-time rc/kc here stops the unrolled loops from
+// holding one precomputed address per (row, chunk) pair in registers.
+template <int kCols>
+__device__ __forceinline__ uint32_t swz_at(uint32_t base, int rc, int kc) {
+  return (base ^ static_cast<uint32_t>(kc << 4)) + static_cast<uint32_t>(rc * kCols * 2);
+}
+
 // Copies a [kRows, kCols] tile of 16-bit elements from global memory (row stride `stride`
 // elements) into a swizzled shared tile. Rows >= valid_rows and columns >= valid_cols are
 // zero-filled (valid_cols is a multiple of 8).

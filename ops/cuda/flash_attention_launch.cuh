@@ -9,15 +9,15 @@
 
 namespace kestrel::cuda::fa {
 
-// Forward: one block of kBr query rows (16 per warp) walks kBc-wide key tiles.
+// Forward: one block of kBr query rows (16*kMT per warp) walks kBc-wide key tiles.
 template <int kD>
 struct FwdTraits;
 template <>
-struct FwdTraits<64> { static constexpr int kBr = 128, kBc = 128; };
+struct FwdTraits<64> { static constexpr int kBr = 128, kBc = 64, kMT = 2; };
 template <>
-struct FwdTraits<128> { static constexpr int kBr = 128, kBc = 64; };
+struct FwdTraits<128> { static constexpr int kBr = 128, kBc = 64, kMT = 2; };
 template <>
-struct FwdTraits<256> { static constexpr int kBr = 64, kBc = 32; };
+struct FwdTraits<256> { static constexpr int kBr = 64, kBc = 32, kMT = 1; };
 
 // Backward: one block owns kBc keys (16 per warp) of one KV head and kDC of its output columns
 // (dk, dv, dq), and walks kBr-row query tiles of every query head of its GQA group.
