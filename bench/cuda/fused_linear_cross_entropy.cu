@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <array>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "cuda/fused_linear_cross_entropy.h"
@@ -69,11 +71,15 @@ struct Timer {
 };
 
 struct Row {
-  double fused_ms = 0, fused_tflops = 0, cublas_ms = 0, cublas_tflops = 0, workspace_gib = 0, hidden_alloc_gib = 0,
-         outputs_gib = 0, loss = 0;
+  double fused_ms = 0, fused_tflops = 0, workspace_gib = 0, hidden_alloc_gib = 0, outputs_gib = 0, loss = 0;
   int64_t token_chunk = 0, vocab_chunk = 0;
+  size_t gemm_ws_mib = 0;
+  bool grads = true;
 };
-std::map<std::pair<int64_t, int64_t>, Row> g_rows;  // (V, bound MiB) -> row
+// (V, label) -> row, label e.g. "bound1536" or "nc2048,vc1024" (+ ",fwd").
+std::map<std::pair<int64_t, std::string>, Row> g_rows;
+// V -> times of the unchunked cuBLAS GEMMs: logits, d_hidden, d_weight, all three.
+std::map<int64_t, std::array<double, 4>> g_cublas;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -93,9 +99,10 @@ Context& ctx() {
   return c;
 }
 
-// args: V, workspace bound in MiB
+// args: V, workspace bound in MiB (0: explicit chunks), token chunk, vocab chunk, gradients (0/1)
 void BM_FusedLinearCrossEntropy(benchmark::State& state) {
   const int64_t v = state.range(0), bound_mib = state.range(1);
+  const bool grads = state.range(4) != 0;
   auto& c = ctx();
   DeviceBytes x(kTokens * kHidden * 2), w(size_t(v) * kHidden * 2), labels(kTokens * 8), loss(4),
       dh(kTokens * kHidden * 2), dw(size_t(v) * kHidden * 4);
@@ -106,10 +113,12 @@ void BM_FusedLinearCrossEntropy(benchmark::State& state) {
   kc::FusedLinearCrossEntropyParams p;
   p.dtype = DType::BF16; p.tokens = kTokens; p.hidden = kHidden; p.vocab = v;
   p.hidden_states = x.ptr; p.weight = w.ptr; p.labels = static_cast<int64_t*>(labels.ptr);
-  p.loss = static_cast<float*>(loss.ptr); p.d_hidden = dh.ptr; p.d_weight = static_cast<float*>(dw.ptr);
-  const auto chunks = kc::pick_fused_linear_cross_entropy_chunks(p, size_t(bound_mib) << 20);
-  p.token_chunk = chunks.token_chunk;
-  p.vocab_chunk = chunks.vocab_chunk;
+  p.loss = static_cast<float*>(loss.ptr);
+  p.d_hidden = grads ? dh.ptr : nullptr;
+  p.d_weight = grads ? static_cast<float*>(dw.ptr) : nullptr;
+  const auto chunks = bound_mib > 0 ? kc::pick_fused_linear_cross_entropy_chunks(p, size_t(bound_mib) << 20)
+                                    : kc::FusedCrossEntropyChunks{state.range(2), state.range(3), 0};
+  chunks.apply_to(p);
   const size_t ws_bytes = kc::fused_linear_cross_entropy_workspace_bytes(p);
   DeviceBytes ws(ws_bytes);
   KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -127,15 +136,20 @@ void BM_FusedLinearCrossEntropy(benchmark::State& state) {
   }
   float l = 0;
   KESTREL_CUDA_CHECK(cudaMemcpy(&l, loss.ptr, 4, cudaMemcpyDeviceToHost));
-  Row& row = g_rows[{v, bound_mib}];
+  std::string label = bound_mib > 0 ? "bound" + std::to_string(bound_mib)
+                                    : "nc" + std::to_string(state.range(2)) + ",vc" + std::to_string(state.range(3));
+  if (!grads) label += ",fwd";
+  Row& row = g_rows[{v, label}];
+  row.grads = grads;
   row.fused_ms = median(times);
-  row.fused_tflops = 6.0 * kTokens * kHidden * double(v) / (row.fused_ms * 1e-3) / 1e12;
+  row.fused_tflops = (grads ? 6.0 : 2.0) * kTokens * kHidden * double(v) / (row.fused_ms * 1e-3) / 1e12;
   row.workspace_gib = double(ws_bytes) / kGiB;
   row.hidden_alloc_gib = (double(free_before) - double(free_after)) / kGiB;
   row.outputs_gib = double(kTokens * kHidden * 2 + size_t(v) * kHidden * 4) / kGiB;
   row.loss = l;
   row.token_chunk = chunks.token_chunk;
   row.vocab_chunk = chunks.vocab_chunk;
+  row.gemm_ws_mib = kc::resolve_fused_linear_cross_entropy_chunks(p).gemm_workspace_bytes >> 20;
   state.counters["TFLOP/s"] = row.fused_tflops;
   state.counters["workspace_GiB"] = row.workspace_gib;
   state.counters["Nc"] = double(chunks.token_chunk);
@@ -157,57 +171,63 @@ void BM_CublasThreeGemms(benchmark::State& state) {
   const fc::GemmDesc logits{CUBLAS_OP_T, CUBLAS_OP_N, v, kTokens, kHidden, kHidden, kHidden, ldv, CUDA_R_16BF, CUDA_R_16BF};
   const fc::GemmDesc dhid{CUBLAS_OP_N, CUBLAS_OP_N, kHidden, kTokens, v, kHidden, ldv, kHidden, CUDA_R_16BF, CUDA_R_16BF};
   const fc::GemmDesc dwt{CUBLAS_OP_N, CUBLAS_OP_T, kHidden, v, kTokens, kHidden, ldv, kHidden, CUDA_R_16BF, CUDA_R_32F};
-  auto run = [&] {
-    fc::lt_matmul(c.lt, logits, w.ptr, x.ptr, g.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
-    fc::lt_matmul(c.lt, dhid, w.ptr, g.ptr, dh.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
-    fc::lt_matmul(c.lt, dwt, x.ptr, g.ptr, dw.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+  auto gemm = [&](int which) {
+    if (which == 0) fc::lt_matmul(c.lt, logits, w.ptr, x.ptr, g.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+    if (which == 1) fc::lt_matmul(c.lt, dhid, w.ptr, g.ptr, dh.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
+    if (which == 2) fc::lt_matmul(c.lt, dwt, x.ptr, g.ptr, dw.ptr, 0.0f, lt_ws.ptr, size_t(32) << 20, c.stream);
   };
+  auto run = [&] { for (int i = 0; i < 3; ++i) gemm(i); };
   run();
   KESTREL_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   Timer timer;
-  std::vector<double> times;
+  std::vector<double> times, part[3];
   for (auto _ : state) {
     const double t = timer.ms(run, c.stream);
     state.SetIterationTime(t / 1e3);
     times.push_back(t);
+    for (int i = 0; i < 3; ++i) part[i].push_back(timer.ms([&] { gemm(i); }, c.stream));
   }
   const double ms = median(times);
-  const double tflops = 6.0 * kTokens * kHidden * double(v) / (ms * 1e-3) / 1e12;
-  for (auto& [key, row] : g_rows)
-    if (key.first == v) { row.cublas_ms = ms; row.cublas_tflops = tflops; }
-  g_rows[{v, 0}].cublas_ms = ms;
-  g_rows[{v, 0}].cublas_tflops = tflops;
-  state.counters["TFLOP/s"] = tflops;
+  g_cublas[v] = {median(part[0]), median(part[1]), median(part[2]), ms};
+  state.counters["TFLOP/s"] = 6.0 * kTokens * kHidden * double(v) / (ms * 1e-3) / 1e12;
 }
 
 void register_all() {
+  auto fused = [](std::vector<int64_t> args) {
+    benchmark::RegisterBenchmark("fused_ce/bf16", BM_FusedLinearCrossEntropy)
+        ->Args(args)->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+  };
   const int64_t vocabs[] = {32000, 128256, 152064, 250000};
   for (int64_t v : vocabs) {
-    benchmark::RegisterBenchmark("fused_ce/bf16/loss+grads", BM_FusedLinearCrossEntropy)
-        ->Args({v, 1536})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
-    if (v == 250000)
-      benchmark::RegisterBenchmark("fused_ce/bf16/loss+grads", BM_FusedLinearCrossEntropy)
-          ->Args({v, 1024})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+    fused({v, 1536, 0, 0, 1});
+    if (v == 250000) {
+      fused({v, 1024, 0, 0, 1});
+      // Chunk-size study (run 2 of the notes also had 1664/15632, 2048/1024, 2752/4096, 4096/8192, loss only).
+      for (auto [nc, vc] : {std::pair<int64_t, int64_t>{2752, 15632}, {2048, 4096}}) fused({v, 0, nc, vc, 1});
+    }
     benchmark::RegisterBenchmark("cublas/bf16/3_gemms_unchunked", BM_CublasThreeGemms)
         ->Args({v})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
 }
 
 void print_summary() {
-  std::printf("\nfused linear+CE, N=%lld H=%lld bf16, loss+d_hidden+d_weight; FLOPs = 6*N*H*V\n",
-              (long long)kTokens, (long long)kHidden);
-  std::printf("%8s %6s %6s %6s %9s %8s %9s %8s %6s %8s %8s %8s\n", "V", "boundM", "Nc", "Vc", "fused_ms", "TFLOP/s",
-              "cublas_ms", "TFLOP/s", "ratio", "ws_GiB", "hidnGiB", "outGiB");
-  std::map<int64_t, std::pair<double, double>> ceiling;
-  for (auto& [key, row] : g_rows)
-    if (row.cublas_ms > 0) ceiling[key.first] = {row.cublas_ms, row.cublas_tflops};
+  std::printf("\nunchunked cuBLASLt GEMMs, N=%lld H=%lld bf16 (ms; TFLOP/s)\n", (long long)kTokens, (long long)kHidden);
+  std::printf("%8s %16s %16s %16s %16s\n", "V", "logits", "d_hidden", "d_weight(f32)", "all three");
+  for (auto& [v, t] : g_cublas) {
+    const double f = 2.0 * kTokens * kHidden * double(v) / 1e9;
+    std::printf("%8lld %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f\n", (long long)v, t[0], f / t[0], t[1],
+                f / t[1], t[2], f / t[2], t[3], 3 * f / t[3]);
+  }
+  std::printf("\nfused linear+CE, N=%lld H=%lld bf16; FLOPs = 6NHV (loss+grads) or 2NHV (fwd)\n", (long long)kTokens,
+              (long long)kHidden);
+  std::printf("%8s %-18s %6s %6s %4s %9s %8s %9s %6s %8s %8s %8s\n", "V", "config", "Nc", "Vc", "ltM", "fused_ms",
+              "TFLOP/s", "cublas_ms", "ratio", "ws_GiB", "hidnGiB", "outGiB");
   for (auto& [key, row] : g_rows) {
-    if (key.second == 0) continue;
-    const auto [cms, ctf] = ceiling[key.first];
-    std::printf("%8lld %6lld %6lld %6lld %9.2f %8.1f %9.2f %8.1f %6.2f %8.3f %8.3f %8.3f\n", (long long)key.first,
-                (long long)key.second, (long long)row.token_chunk, (long long)row.vocab_chunk, row.fused_ms,
-                row.fused_tflops, cms, ctf, ctf > 0 ? row.fused_tflops / ctf : 0.0, row.workspace_gib,
-                row.hidden_alloc_gib, row.outputs_gib);
+    const double cms = g_cublas.count(key.first) ? g_cublas[key.first][row.grads ? 3 : 0] : 0.0;
+    std::printf("%8lld %-18s %6lld %6lld %4zu %9.2f %8.1f %9.2f %6.2f %8.3f %8.3f %8.3f\n", (long long)key.first,
+                key.second.c_str(), (long long)row.token_chunk, (long long)row.vocab_chunk, row.gemm_ws_mib, row.fused_ms,
+                row.fused_tflops, cms, cms > 0 ? cms / row.fused_ms : 0.0, row.workspace_gib, row.hidden_alloc_gib,
+                row.outputs_gib);
   }
 }
 

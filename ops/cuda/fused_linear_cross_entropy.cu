@@ -20,9 +20,11 @@ namespace {
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
+constexpr size_t kLtWorkspaceTightBytes = size_t(4) << 20;  // when 28 MiB more buys a token chunk
 constexpr int64_t kDefaultVocabChunk = 16384;
 constexpr size_t kDefaultWorkspaceBound = size_t(1) << 30;
 constexpr int64_t kTokenChunkAlign = 64;
+constexpr int64_t kMinGoodVocabChunk = 4096;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
@@ -42,12 +44,14 @@ cudaDataType_t cuda_type(DType t) {
 // Byte offsets of every buffer inside the workspace.
 struct Layout {
   int64_t nc = 0, vc = 0, n_vchunks = 0, ld_store = 0;
+  size_t lt_bytes = 0;
   size_t lt = 0, logits = 0, store = 0, pmax = 0, psum = 0, plsum = 0, label_logit = 0, row_coef = 0,
          token_loss = 0, weight_sum = 0, total = 0;
 };
 
-Layout make_layout(const FusedLinearCrossEntropyParams& p, int64_t nc, int64_t vc) {
+Layout make_layout(const FusedLinearCrossEntropyParams& p, int64_t nc, int64_t vc, size_t lt_bytes) {
   Layout l;
+  l.lt_bytes = lt_bytes;
   l.nc = nc;
   l.vc = vc;
   l.n_vchunks = ceil_div(p.vocab, vc);
@@ -59,7 +63,7 @@ Layout make_layout(const FusedLinearCrossEntropyParams& p, int64_t nc, int64_t v
     return at;
   };
   const size_t stats = size_t(nc) * size_t(l.n_vchunks) * 4;
-  l.lt = take(kLtWorkspaceBytes);
+  l.lt = take(lt_bytes);
   l.logits = take(size_t(nc) * size_t(vc) * 4);                   // [nc, vc] f32
   l.store = p.wants_gradients() ? take(size_t(nc) * size_t(l.ld_store) * store_elem_bytes(p.dtype)) : 0;  // [nc, ld_store]
   l.pmax = take(stats);                                           // [nc, n_vchunks]
@@ -82,12 +86,13 @@ int64_t vocab_chunk_for(const FusedLinearCrossEntropyParams& p, int64_t requeste
 }
 
 // Largest nc in [1, N] whose workspace fits (0 if none): the workspace grows with nc.
-int64_t largest_fitting_token_chunk(const FusedLinearCrossEntropyParams& p, int64_t vc, size_t bound) {
-  if (make_layout(p, 1, vc).total > bound) return 0;
+int64_t largest_fitting_token_chunk(const FusedLinearCrossEntropyParams& p, int64_t vc, size_t lt_bytes,
+                                    size_t bound) {
+  if (make_layout(p, 1, vc, lt_bytes).total > bound) return 0;
   int64_t lo = 1, hi = p.tokens;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (make_layout(p, mid, vc).total <= bound) lo = mid; else hi = mid - 1;
+    if (make_layout(p, mid, vc, lt_bytes).total <= bound) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
@@ -102,7 +107,7 @@ void check_shape(const FusedLinearCrossEntropyParams& p) {
 
 Layout resolved_layout(const FusedLinearCrossEntropyParams& p) {
   const auto c = resolve_fused_linear_cross_entropy_chunks(p);
-  return make_layout(p, c.token_chunk, c.vocab_chunk);
+  return make_layout(p, c.token_chunk, c.vocab_chunk, c.gemm_workspace_bytes);
 }
 
 }  // namespace
@@ -111,36 +116,47 @@ FusedCrossEntropyChunks pick_fused_linear_cross_entropy_chunks(const FusedLinear
                                                                size_t max_workspace_bytes) {
   check_shape(p);
   static constexpr int64_t kCandidates[] = {16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 8};
+  // Preference: a vocab chunk of at least kMinGoodVocabChunk (or all of V) so every logits GEMM stays
+  // large, then the fewest token chunks (each costs one more f32 read-modify-write of d_weight), then the
+  // full cuBLASLt workspace. Measured at V = 250k, N = 8192 (bench/notes/fused_linear_cross_entropy.md):
+  // Vc = 4096 and Vc = 15632 run alike, Vc = 1024 loses 9%, one token chunk more costs about 5%.
   FusedCrossEntropyChunks best;
   int64_t best_chunks = 0;
+  bool best_small = true;
+  const size_t lt_options[2] = {p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceBytes,
+                                p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceTightBytes};
   for (int64_t requested : kCandidates) {
     if (p.vocab_chunk > 0) requested = p.vocab_chunk;
     const int64_t vc = vocab_chunk_for(p, requested, p.vocab_chunk == 0);
-    const int64_t nc_max = largest_fitting_token_chunk(p, vc, max_workspace_bytes);
-    if (nc_max > 0) {
+    const bool small = requested < kMinGoodVocabChunk && vc < round_up(p.vocab, 8);  // before balancing
+    for (size_t lt_bytes : lt_options) {
+      const int64_t nc_max = largest_fitting_token_chunk(p, vc, lt_bytes, max_workspace_bytes);
+      if (nc_max == 0) continue;
       // As few token chunks as fit, then equal ones, rounded up to a GEMM-friendly multiple when that fits.
       const int64_t n_chunks = ceil_div(p.tokens, nc_max);
       const int64_t balanced = ceil_div(p.tokens, n_chunks);
       const int64_t rounded = std::min(round_up(balanced, kTokenChunkAlign), p.tokens);
       const int64_t nc = rounded <= nc_max ? rounded : balanced;
-      if (best_chunks == 0 || n_chunks < best_chunks) {
-        best = {nc, vc};
+      if (best_chunks == 0 || (best_small && !small) || (small == best_small && n_chunks < best_chunks)) {
+        best = {nc, vc, lt_bytes};
         best_chunks = n_chunks;
+        best_small = small;
       }
     }
     if (p.vocab_chunk > 0) break;
   }
   KESTREL_CHECK(best_chunks > 0, kOp, "no chunking fits a workspace of ", max_workspace_bytes, " bytes (N=",
-                p.tokens, " V=", p.vocab, "; the smallest needs ", make_layout(p, 1, 8).total, ")");
+                p.tokens, " V=", p.vocab, "; the smallest needs ", make_layout(p, 1, 8, lt_options[1]).total, ")");
   return best;
 }
 
 FusedCrossEntropyChunks resolve_fused_linear_cross_entropy_chunks(const FusedLinearCrossEntropyParams& p) {
   check_shape(p);
+  const size_t lt_bytes = p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceBytes;
   if (p.token_chunk > 0 && p.vocab_chunk > 0)
-    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, p.vocab_chunk, false)};
+    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, p.vocab_chunk, false), lt_bytes};
   if (p.token_chunk > 0)
-    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, kDefaultVocabChunk, true)};
+    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, kDefaultVocabChunk, true), lt_bytes};
   return pick_fused_linear_cross_entropy_chunks(p, kDefaultWorkspaceBound);
 }
 
@@ -190,7 +206,7 @@ void fused_linear_cross_entropy(const FusedLinearCrossEntropyParams& p, void* wo
       const int64_t v0 = ci * l.vc, vc = std::min(l.vc, v - v0);
       // logits^T [vc, nc] (column-major) = W_v [vc, H] . X_c^T
       fused_ce::GemmDesc g{CUBLAS_OP_T, CUBLAS_OP_N, vc, nc, h, h, h, l.vc, ab_type, CUDA_R_32F};
-      fused_ce::lt_matmul(lt, g, w + size_t(v0) * size_t(h) * elem, x_c, logits, 0.0f, lt_ws, kLtWorkspaceBytes,
+      fused_ce::lt_matmul(lt, g, w + size_t(v0) * size_t(h) * elem, x_c, logits, 0.0f, lt_ws, l.lt_bytes,
                           stream);
       fused_ce::ChunkStatsArgs s;
       s.logits = logits;
@@ -251,13 +267,13 @@ void fused_linear_cross_entropy(const FusedLinearCrossEntropyParams& p, void* wo
       // d_hidden_c^T [H, nc] = W^T [H, V] . G^T [V, nc]
       fused_ce::GemmDesc g{CUBLAS_OP_N, CUBLAS_OP_N, h, nc, v, h, l.ld_store, h, ab_type, ab_type};
       fused_ce::lt_matmul(lt, g, w, store, static_cast<char*>(p.d_hidden) + size_t(t0) * size_t(h) * elem, 0.0f,
-                          lt_ws, kLtWorkspaceBytes, stream);
+                          lt_ws, l.lt_bytes, stream);
     }
     if (p.d_weight) {
       // d_weight^T [H, V] (+)= X_c^T [H, nc] . G [nc, V]
       fused_ce::GemmDesc g{CUBLAS_OP_N, CUBLAS_OP_T, h, v, nc, h, l.ld_store, h, ab_type, CUDA_R_32F};
       const float beta = (p.accumulate_d_weight || t0 > 0) ? 1.0f : 0.0f;
-      fused_ce::lt_matmul(lt, g, x_c, store, p.d_weight, beta, lt_ws, kLtWorkspaceBytes, stream);
+      fused_ce::lt_matmul(lt, g, x_c, store, p.d_weight, beta, lt_ws, l.lt_bytes, stream);
     }
   }
 

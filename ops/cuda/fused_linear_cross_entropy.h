@@ -23,12 +23,14 @@
 //
 // Reduction mean: sum_i w_i loss_i / sum_i w_i over non-ignored tokens (w_i = 1 without token weights);
 // when that denominator is 0 (all ignored) loss = 0 and gradients are 0. Reduction sum: sum_i w_i loss_i.
-// Gradients are for an upstream gradient of 1; scale_by_device_scalar applies the real upstream gradient
-// later without a sync.
+// Gradients are for an upstream gradient of 1, or of *upstream_grad (a device scalar) when given;
+// scale_by_device_scalar can also apply it afterwards without a sync (not with accumulate_d_weight).
 //
 // Workspace (caller supplied, 256-byte aligned): fused_linear_cross_entropy_workspace_bytes(params).
-// Roughly Nc*V*2 bytes (kept row, 16-bit; 4 bytes for f32 inputs) + Nc*Vc*4 (f32 logits of one vocab
-// chunk) + 32 MiB (cuBLASLt) + O(N). pick_fused_linear_cross_entropy_chunks picks Nc, Vc under a byte bound.
+// Roughly Nc*V*2 bytes (kept row, 16-bit; 4 bytes for f32 inputs; only with gradients) + Nc*Vc*4 (f32
+// logits of one vocab chunk) + 32 MiB (cuBLASLt) + O(N). N = 8192, V = 250k: 1.47 GiB at Nc = 2752.
+// pick_fused_linear_cross_entropy_chunks picks Nc, Vc under a byte bound (measured: 85-89 ms at 1.5 GiB,
+// 87 ms at 1 GiB on an H200, PyTorch's plain linear + CE 93-98 ms and 26.7 GiB; bench/notes/).
 #pragma once
 
 #include <cstddef>
@@ -71,8 +73,11 @@ struct FusedLinearCrossEntropyParams {
   // (folded into dloss/dlogits, so accumulate_d_weight stays correct; the loss itself is not scaled).
   const float* upstream_grad = nullptr;
 
-  int64_t token_chunk = 0;  // Nc; 0 picks the default (see pick_... with a 1 GiB bound)
-  int64_t vocab_chunk = 0;  // Vc; 0 picks the default
+  // Chunking. All 0: pick_fused_linear_cross_entropy_chunks with a 1 GiB bound. token_chunk and/or
+  // vocab_chunk set: used as given (Vc rounded up to a multiple of 8), the other one defaulted.
+  int64_t token_chunk = 0;           // Nc
+  int64_t vocab_chunk = 0;           // Vc
+  size_t gemm_workspace_bytes = 0;   // cuBLASLt's share of the workspace; 0 = 32 MiB
 
   bool wants_gradients() const { return d_hidden != nullptr || d_weight != nullptr; }
 };
@@ -80,13 +85,20 @@ struct FusedLinearCrossEntropyParams {
 struct FusedCrossEntropyChunks {
   int64_t token_chunk = 0;
   int64_t vocab_chunk = 0;
+  size_t gemm_workspace_bytes = 0;
+  void apply_to(FusedLinearCrossEntropyParams& p) const {
+    p.token_chunk = token_chunk;
+    p.vocab_chunk = vocab_chunk;
+    p.gemm_workspace_bytes = gemm_workspace_bytes;
+  }
 };
 
 // Chunk sizes actually used for params (resolves 0 = default, clamps to N and V, rounds Vc to 8).
 FusedCrossEntropyChunks resolve_fused_linear_cross_entropy_chunks(const FusedLinearCrossEntropyParams& p);
 
-// Largest balanced chunks whose workspace is at most max_workspace_bytes (throws if even the smallest
-// chunking does not fit). The returned sizes can be copied into params.token_chunk / vocab_chunk.
+// Chunks whose workspace is at most max_workspace_bytes (throws if even the smallest chunking does not
+// fit): a vocab chunk of at least 4096 (all of V when smaller), then the fewest token chunks, then the full
+// 32 MiB for cuBLASLt (4 MiB when that saves a token chunk). Apply with chunks.apply_to(params).
 FusedCrossEntropyChunks pick_fused_linear_cross_entropy_chunks(const FusedLinearCrossEntropyParams& p,
                                                                size_t max_workspace_bytes);
 
