@@ -1,0 +1,49 @@
+// Recompute regions (gradient checkpointing).
+//
+// recompute(fn, inputs, options) runs fn without recording its inner ops or keeping its inner
+// activations, and records a single tape entry. In backward the entry re-runs fn on a fresh inner
+// tape from the saved inputs and backpropagates through it; parameters used inside fn receive their
+// gradients directly. With Offload, the saved inputs move to pinned host memory right after the
+// forward (on a copy stream) and are prefetched one region ahead in backward.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel::autograd {
+
+enum class RecomputePolicy {
+  None,     // no region: fn's ops record normally (activations kept)
+  Keep,     // recompute in backward; saved inputs stay on the device
+  Offload,  // recompute in backward; saved inputs offloaded to pinned host memory
+};
+
+const char* policy_name(RecomputePolicy p);
+RecomputePolicy parse_recompute_policy(const std::string& s);
+
+using RegionFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// Moves a saved tensor off the device and back. The default (and the CPU behaviour) keeps the
+// tensor as is; the CUDA runtime installs one that uses the pinned host pool and copy streams.
+class OffloadHandle {
+ public:
+  virtual ~OffloadHandle() = default;
+  virtual void prefetch() = 0;  // start bringing it back (asynchronous)
+  virtual Tensor get() = 0;     // the tensor on its original device (waits for the copy)
+};
+using Offloader = std::function<std::unique_ptr<OffloadHandle>(const Tensor&)>;
+void set_offloader(Device device, Offloader offloader);
+std::unique_ptr<OffloadHandle> offload(const Tensor& t);
+
+struct RecomputeOptions {
+  RecomputePolicy policy = RecomputePolicy::Keep;
+  std::string name = "region";
+};
+
+std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inputs,
+                              const RecomputeOptions& options = {});
+
+}  // namespace kestrel::autograd

@@ -1,0 +1,157 @@
+// Recompute regions: one tape entry per region; backward re-runs the region on an inner tape.
+#include "kestrel/autograd/recompute.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "capture.h"
+#include "kestrel/autograd/grad_mode.h"
+#include "kestrel/autograd/tape.h"
+
+namespace kestrel::autograd {
+
+const char* policy_name(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::None: return "none";
+    case RecomputePolicy::Keep: return "recompute";
+    case RecomputePolicy::Offload: return "offload";
+  }
+  return "?";
+}
+
+RecomputePolicy parse_recompute_policy(const std::string& s) {
+  if (s == "none") return RecomputePolicy::None;
+  if (s == "recompute" || s == "keep") return RecomputePolicy::Keep;
+  if (s == "offload" || s == "recompute+offload") return RecomputePolicy::Offload;
+  throw make_error("recompute", "unknown policy '", s, "'; expected none, recompute or offload");
+}
+
+namespace {
+
+// Keeps the tensor where it is (CPU tensors, and any device without an installed offloader).
+class KeepHandle final : public OffloadHandle {
+ public:
+  explicit KeepHandle(Tensor t) : t_(std::move(t)) {}
+  void prefetch() override {}
+  Tensor get() override { return t_; }
+
+ private:
+  Tensor t_;
+};
+
+std::mutex g_mu;
+std::map<std::pair<int, int>, Offloader>& offloaders() {
+  static std::map<std::pair<int, int>, Offloader> m;
+  return m;
+}
+
+}  // namespace
+
+void set_offloader(Device device, Offloader offloader) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  offloaders()[{static_cast<int>(device.type), device.index}] = std::move(offloader);
+}
+
+std::unique_ptr<OffloadHandle> offload(const Tensor& t) {
+  Offloader f;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = offloaders().find({static_cast<int>(t.device().type), t.device().index});
+    if (it != offloaders().end()) f = it->second;
+  }
+  return f ? f(t) : std::make_unique<KeepHandle>(t);
+}
+
+std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inputs, const RecomputeOptions& options) {
+  if (options.policy == RecomputePolicy::None || !grad_enabled()) return fn(inputs);
+
+  // Forward without recording; note the leaves the region touches.
+  std::vector<std::shared_ptr<AutogradMeta>> leaves;
+  std::vector<Tensor> outputs;
+  {
+    auto* saved_capture = detail::leaf_capture();
+    detail::leaf_capture() = &leaves;
+    NoGradGuard no_grad;
+    try {
+      outputs = fn(inputs);
+    } catch (...) {
+      detail::leaf_capture() = saved_capture;
+      throw;
+    }
+    detail::leaf_capture() = saved_capture;
+  }
+  bool any_input = false;
+  for (const Tensor& t : inputs) any_input |= t.defined() && t.requires_grad();
+  if (!any_input && leaves.empty()) return outputs;
+  // Deduplicate leaves.
+  std::sort(leaves.begin(), leaves.end());
+  leaves.erase(std::unique(leaves.begin(), leaves.end()), leaves.end());
+
+  // Saved inputs: data only (no autograd identity), possibly offloaded.
+  struct Saved {
+    std::vector<std::unique_ptr<OffloadHandle>> handles;
+    std::vector<bool> needs_grad;
+  };
+  auto saved = std::make_shared<Saved>();
+  for (const Tensor& t : inputs) {
+    saved->needs_grad.push_back(t.defined() && t.requires_grad());
+    if (!t.defined()) {
+      saved->handles.push_back(nullptr);
+    } else if (options.policy == RecomputePolicy::Offload) {
+      saved->handles.push_back(offload(t.detach()));
+    } else {
+      saved->handles.push_back(std::make_unique<KeepHandle>(t.detach()));
+    }
+  }
+
+  BackwardFn bw = [fn, saved](const std::vector<Tensor>& grad_outputs) {
+    std::vector<Tensor> inner_inputs;
+    for (size_t i = 0; i < saved->handles.size(); ++i) {
+      if (!saved->handles[i]) {
+        inner_inputs.emplace_back();
+        continue;
+      }
+      Tensor t = saved->handles[i]->get().detach();
+      if (saved->needs_grad[i]) t.set_requires_grad(true);
+      inner_inputs.push_back(t);
+    }
+    saved->handles.clear();  // the inner inputs own the data now
+    Tape inner;
+    TapeScope scope(inner);
+    std::vector<Tensor> outs;
+    {
+      EnableGradGuard grad_on;
+      outs = fn(inner_inputs);
+    }
+    KESTREL_CHECK(outs.size() == grad_outputs.size(), "recompute",
+                  "region returned ", outs.size(), " outputs on re-run, ", grad_outputs.size(), " in forward");
+    std::vector<Tensor> roots, root_grads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].defined() && outs[i].requires_grad()) {
+        roots.push_back(outs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!roots.empty()) backward(roots, root_grads, BackwardOptions{.fire_hooks = false});
+    inner.clear();
+    std::vector<Tensor> gins;
+    for (size_t i = 0; i < inner_inputs.size(); ++i)
+      gins.push_back(saved->needs_grad[i] ? inner_inputs[i].grad() : Tensor());
+    return gins;
+  };
+
+  std::vector<Tensor> recorded_inputs = inputs;
+  record(options.name, recorded_inputs, outputs, std::move(bw));
+  TapeEntry& entry = *current_tape().entries().back();
+  entry.region_leaves = std::move(leaves);
+  if (options.policy == RecomputePolicy::Offload) {
+    entry.prefetch = [saved] {
+      for (auto& h : saved->handles)
+        if (h) h->prefetch();
+    };
+  }
+  return outputs;
+}
+
+}  // namespace kestrel::autograd

@@ -1,0 +1,37 @@
+// Private: the table of device operations the runtime needs from a device backend.
+// The CUDA backend (runtime/cuda/) registers itself at load time; a CPU-only build has none, and
+// any request for a CUDA tensor then fails with a clear error.
+#pragma once
+
+#include <cstddef>
+
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel::detail {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual int device_count() = 0;
+  // Copies bytes between host and device or device and device; ordered on the compute stream
+  // and complete (for host destinations) when it returns.
+  virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+  // dst and src on the same CUDA device, same shape, any strides and dtypes (converting).
+  virtual void strided_copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;
+  // dst += src elementwise (same shape, same device, floating dtypes, any strides).
+  virtual void add_into(const Tensor& dst, const Tensor& src) = 0;
+  virtual void synchronize(Device device) = 0;
+};
+
+void register_cuda_backend(DeviceBackend* backend);
+// The registered CUDA backend; throws "[device] ... built without CUDA" / "no CUDA device" when absent.
+DeviceBackend& cuda_backend();
+bool has_cuda_backend();
+
+// CPU strided, converting copy (same shape, any strides/dtypes). Parallel over the outer dims.
+void cpu_strided_copy(const Tensor& dst, const Tensor& src);
+void cpu_fill(const Tensor& dst, double value);
+void cpu_add_into(const Tensor& dst, const Tensor& src);
+
+}  // namespace kestrel::detail
