@@ -11,6 +11,9 @@ endfunction()
 find_package(nlohmann_json 3 QUIET)
 kestrel_require(nlohmann_json_FOUND "nlohmann_json (JSON for configs and safetensors headers)" nlohmann-json3-dev)
 
+find_package(PNG QUIET)
+kestrel_require(PNG_FOUND "libpng (PNG images for the image-text data path)" libpng-dev)
+
 if(KESTREL_BUILD_TESTS)
   find_package(GTest QUIET)
   kestrel_require(GTest_FOUND "GoogleTest" libgtest-dev)
