@@ -1,0 +1,64 @@
+// The Llama/Qwen2 decoder: embedding, N x (RMSNorm, attention with RoPE and GQA, RMSNorm, SwiGLU
+// MLP), final RMSNorm, LM head (tied or not), loss through the fused linear + cross-entropy.
+// Parameters carry Hugging Face names (prefix + "model.layers.N.self_attn.q_proj.weight", ...).
+// Each layer is one recompute region (policy per call).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kestrel/autograd/recompute.h"
+#include "kestrel/models/config.h"
+#include "kestrel/models/packed_batch.h"
+#include "kestrel/models/parameters.h"
+#include "kestrel/ops/cross_entropy.h"
+
+namespace kestrel::models {
+
+struct DecoderLayer {
+  Tensor input_layernorm;           // [C]
+  Tensor q_proj, q_bias;            // [Hq*D, C], [Hq*D] (qwen2 / attention_bias)
+  Tensor k_proj, k_bias;            // [Hkv*D, C]
+  Tensor v_proj, v_bias;            // [Hkv*D, C]
+  Tensor o_proj, o_bias;            // [C, Hq*D]
+  Tensor post_attention_layernorm;  // [C]
+  Tensor gate_proj, up_proj;        // [I, C]
+  Tensor down_proj;                 // [C, I]
+};
+
+class Decoder {
+ public:
+  // Allocates parameters on `device` in `dtype` and initialises them (normal(0, 0.02), norms 1,
+  // biases 0) from `seed`. `prefix` is prepended to every name (e.g. "language_model.").
+  Decoder(const TextConfig& config, DType dtype, Device device, uint64_t seed = 0, const std::string& prefix = "");
+
+  const TextConfig& config() const { return config_; }
+  ParameterList& parameters() { return params_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  Tensor embed(const Tensor& ids) const;  // [T] -> [T, C]
+  // Final hidden states [T, C] (after the last norm) for input embeddings [T, C].
+  Tensor forward(const Tensor& embeds, const PackedBatch& batch,
+                 autograd::RecomputePolicy policy = autograd::RecomputePolicy::None) const;
+  // One layer (exposed for tests and profiling).
+  Tensor layer_forward(int index, const Tensor& h, const PackedBatch& batch) const;
+  const Tensor& lm_head_weight() const { return config_.tie_word_embeddings ? embed_tokens_ : lm_head_; }
+  // Mean (or configured) next-token loss of hidden [T, C] against labels [T] (ignore_index -100).
+  Tensor loss(const Tensor& hidden, const Tensor& labels, const CrossEntropyOptions& options = {}) const;
+  // Logits [T, V] (for generation and debugging: materialises the full row block).
+  Tensor logits(const Tensor& hidden) const;
+
+ private:
+  TextConfig config_;
+  DType dtype_;
+  Device device_;
+  std::string prefix_;
+  Tensor embed_tokens_;  // [V, C]
+  std::vector<DecoderLayer> layers_;
+  Tensor norm_;     // [C]
+  Tensor lm_head_;  // [V, C] unless tied
+  ParameterList params_;
+};
+
+}  // namespace kestrel::models

@@ -1,0 +1,108 @@
+// Llama/Qwen2 decoder forward; backward comes from the tape.
+#include "kestrel/models/decoder.h"
+
+#include <cmath>
+
+#include "kestrel/ops/activation.h"
+#include "kestrel/ops/attention.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/embedding.h"
+#include "kestrel/ops/matmul.h"
+#include "kestrel/ops/norm.h"
+#include "kestrel/ops/rope.h"
+#include "kestrel/ops/shape.h"
+
+namespace kestrel::models {
+
+Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t seed, const std::string& prefix)
+    : config_(config), dtype_(dtype), device_(device), prefix_(prefix) {
+  config_.validate();
+  const int64_t C = config_.hidden_size, V = config_.vocab_size, I = config_.intermediate_size;
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
+  Generator gen(seed);
+  const double std = 0.02;
+  auto P = [&](const std::string& name, const Shape& shape, double init) {
+    Tensor t = make_parameter(prefix_ + name, shape, dtype_, device_);
+    if (init < 0)
+      init_normal(t, std, gen);
+    else
+      init_constant(t, init);
+    return t;
+  };
+  embed_tokens_ = P("model.embed_tokens.weight", {V, C}, -1);
+  params_.add(embed_tokens_.name(), &embed_tokens_);
+  layers_.resize(config_.num_hidden_layers);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    DecoderLayer& L = layers_[l];
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    L.input_layernorm = P(p + "input_layernorm.weight", {C}, 1.0);
+    L.q_proj = P(p + "self_attn.q_proj.weight", {Hq * D, C}, -1);
+    L.k_proj = P(p + "self_attn.k_proj.weight", {Hkv * D, C}, -1);
+    L.v_proj = P(p + "self_attn.v_proj.weight", {Hkv * D, C}, -1);
+    if (config_.qkv_bias()) {
+      L.q_bias = P(p + "self_attn.q_proj.bias", {Hq * D}, 0.0);
+      L.k_bias = P(p + "self_attn.k_proj.bias", {Hkv * D}, 0.0);
+      L.v_bias = P(p + "self_attn.v_proj.bias", {Hkv * D}, 0.0);
+    }
+    L.o_proj = P(p + "self_attn.o_proj.weight", {C, Hq * D}, -1);
+    if (config_.o_proj_bias()) L.o_bias = P(p + "self_attn.o_proj.bias", {C}, 0.0);
+    L.post_attention_layernorm = P(p + "post_attention_layernorm.weight", {C}, 1.0);
+    L.gate_proj = P(p + "mlp.gate_proj.weight", {I, C}, -1);
+    L.up_proj = P(p + "mlp.up_proj.weight", {I, C}, -1);
+    L.down_proj = P(p + "mlp.down_proj.weight", {C, I}, -1);
+  }
+  norm_ = P("model.norm.weight", {C}, 1.0);
+  if (!config_.tie_word_embeddings) lm_head_ = P("lm_head.weight", {V, C}, -1);
+  // Registration order = HF's module order.
+  for (DecoderLayer& L : layers_) {
+    for (Tensor* t : {&L.input_layernorm, &L.q_proj, &L.q_bias, &L.k_proj, &L.k_bias, &L.v_proj, &L.v_bias,
+                      &L.o_proj, &L.o_bias, &L.post_attention_layernorm, &L.gate_proj, &L.up_proj, &L.down_proj})
+      if (t->defined()) params_.add(t->name(), t);
+  }
+  params_.add(norm_.name(), &norm_);
+  if (lm_head_.defined()) params_.add(lm_head_.name(), &lm_head_);
+}
+
+Tensor Decoder::embed(const Tensor& ids) const { return embedding(embed_tokens_, ids); }
+
+Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& batch) const {
+  const DecoderLayer& L = layers_[index];
+  const int64_t T = h.shape()[0];
+  const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
+  Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
+  Tensor q = reshape(linear(x, L.q_proj, L.q_bias), {T, Hq, D});
+  Tensor k = reshape(linear(x, L.k_proj, L.k_bias), {T, Hkv, D});
+  Tensor v = reshape(linear(x, L.v_proj, L.v_bias), {T, Hkv, D});
+  q = rope(q, batch.positions, config_.rope_theta);
+  k = rope(k, batch.positions, config_.rope_theta);
+  AttentionOptions opts;
+  opts.causal = true;
+  Tensor a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);  // [T, Hq, D]
+  Tensor attn_out = linear(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias);
+  auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
+  Tensor m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
+  return add(h2, m);
+}
+
+Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd::RecomputePolicy policy) const {
+  KESTREL_CHECK(embeds.dim() == 2 && embeds.shape()[1] == config_.hidden_size, "decoder", "embeddings must be [T, ",
+                config_.hidden_size, "], got ", embeds.str());
+  KESTREL_CHECK(batch.tokens() == embeds.shape()[0], "decoder", "batch layout has ", batch.tokens(),
+                " tokens, embeddings ", embeds.shape()[0]);
+  Tensor h = embeds;
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
+    autograd::RecomputeOptions ro{policy, "decoder.layer." + std::to_string(l)};
+    h = autograd::recompute(
+        [this, batch, l](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_forward(l, in[0], batch)}; },
+                            {h}, ro)[0];
+  }
+  return rms_norm(h, norm_, config_.rms_norm_eps);
+}
+
+Tensor Decoder::loss(const Tensor& hidden, const Tensor& labels, const CrossEntropyOptions& options) const {
+  return fused_linear_cross_entropy(hidden, lm_head_weight(), labels, Tensor(), options);
+}
+
+Tensor Decoder::logits(const Tensor& hidden) const { return linear(hidden, lm_head_weight()); }
+
+}  // namespace kestrel::models

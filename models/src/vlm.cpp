@@ -1,0 +1,115 @@
+// VLM forward, loss and greedy decoding.
+#include "kestrel/models/vlm.h"
+
+#include <algorithm>
+
+#include "kestrel/autograd/grad_mode.h"
+#include "kestrel/ops/activation.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/embedding.h"
+#include "kestrel/ops/matmul.h"
+#include "kestrel/ops/shape.h"
+
+namespace kestrel::models {
+
+Vlm::Vlm(const VlmConfig& config, DType dtype, Device device, uint64_t seed)
+    : config_(config),
+      dtype_(dtype),
+      device_(device),
+      vision_(config.vision_config, dtype, device, seed ^ 0x5151, "vision_tower."),
+      decoder_(config.text_config, dtype, device, seed ^ 0x7e7e, "language_model.") {
+  config_.validate();
+  const int64_t s = config_.pixel_shuffle_factor, E = config_.vision_config.hidden_size;
+  const int64_t C = config_.text_config.hidden_size;
+  const int64_t Hp = config_.projector_hidden_size > 0 ? config_.projector_hidden_size : C;
+  Generator gen(seed ^ 0x9090);
+  for (auto& [name, t] : vision_.parameters().items()) params_.add(name, t);
+  auto add = [&](const std::string& name, Tensor& t, const Shape& shape, bool weight) {
+    t = make_parameter("multi_modal_projector." + name, shape, dtype_, device_);
+    if (weight)
+      init_normal(t, 0.02, gen);
+    else
+      init_constant(t, 0.0);
+    params_.add(t.name(), &t);
+  };
+  add("linear_1.weight", proj1_w_, {Hp, E * s * s}, true);
+  add("linear_1.bias", proj1_b_, {Hp}, false);
+  add("linear_2.weight", proj2_w_, {C, Hp}, true);
+  add("linear_2.bias", proj2_b_, {C}, false);
+  for (auto& [name, t] : decoder_.parameters().items()) params_.add(name, t);
+}
+
+Tensor Vlm::image_embeddings(const Tensor& pixel_values, autograd::RecomputePolicy policy) const {
+  const int64_t B = pixel_values.shape()[0], S = config_.vision_config.patches_per_side();
+  const int64_t s = config_.pixel_shuffle_factor, E = config_.vision_config.hidden_size;
+  Tensor v = vision_.forward(pixel_values, policy);  // [B*S*S, E]
+  // Pixel shuffle: each s x s neighbourhood of patches becomes one token of width s*s*E.
+  Tensor g = reshape(v, {B, S / s, s, S / s, s, E});
+  g = permute(g, {0, 1, 3, 2, 4, 5});
+  g = reshape(contiguous(g), {B * (S / s) * (S / s), s * s * E});
+  return linear(gelu(linear(g, proj1_w_, proj1_b_), true), proj2_w_, proj2_b_);
+}
+
+Tensor Vlm::hidden(const VlmBatch& batch, autograd::RecomputePolicy policy) const {
+  Tensor embeds = decoder_.embed(batch.input_ids);
+  if (batch.pixel_values.defined() && batch.pixel_values.numel() > 0) {
+    Tensor img = image_embeddings(batch.pixel_values, policy);
+    KESTREL_CHECK(batch.image_positions.numel() == img.shape()[0], "vlm", "batch has ",
+                  batch.image_positions.numel(), " image-token slots for ", img.shape()[0], " image embeddings (",
+                  config_.image_tokens_per_image(), " per image)");
+    embeds = splice_rows(embeds, batch.image_positions, img);
+  }
+  return decoder_.forward(embeds, batch.layout, policy);
+}
+
+Tensor Vlm::loss(const VlmBatch& batch, autograd::RecomputePolicy policy, const CrossEntropyOptions& options) const {
+  return decoder_.loss(hidden(batch, policy), batch.labels, options);
+}
+
+std::vector<std::vector<int64_t>> Vlm::generate_greedy(const Tensor& pixel_values,
+                                                       const std::vector<std::vector<int64_t>>& prompts,
+                                                       int64_t max_new_tokens, int64_t eos_id) const {
+  autograd::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  std::vector<std::vector<int64_t>> out(n);
+  std::vector<bool> done(n, false);
+  // Image embeddings do not change while decoding: compute them once.
+  Tensor img = image_embeddings(pixel_values, autograd::RecomputePolicy::None);
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    std::vector<int64_t> ids, lengths, img_pos, last;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t base = static_cast<int64_t>(ids.size());
+      for (int64_t t : prompts[i]) {
+        if (t == config_.image_token_id) img_pos.push_back(static_cast<int64_t>(ids.size()));
+        ids.push_back(t);
+      }
+      ids.insert(ids.end(), out[i].begin(), out[i].end());
+      lengths.push_back(static_cast<int64_t>(ids.size()) - base);
+      last.push_back(static_cast<int64_t>(ids.size()) - 1);
+    }
+    const int64_t T = static_cast<int64_t>(ids.size());
+    Tensor id_t = Tensor::from_vector(ids, {T}, DType::I64, device_);
+    Tensor embeds = decoder_.embed(id_t);
+    KESTREL_CHECK(static_cast<int64_t>(img_pos.size()) == img.shape()[0], "generate", "prompts hold ", img_pos.size(),
+                  " image tokens for ", img.shape()[0], " image embeddings");
+    embeds = splice_rows(embeds, Tensor::from_vector(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64, device_),
+                         img);
+    Tensor h = decoder_.forward(embeds, PackedBatch::from_lengths(lengths, device_));
+    Tensor rows = index_select_rows(h, Tensor::from_vector(last, {n}, DType::I64, device_));
+    std::vector<float> logits = decoder_.logits(rows).to_float_vector();  // [n, V]
+    const int64_t V = config_.text_config.vocab_size;
+    bool all_done = true;
+    for (int64_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      const float* row = logits.data() + i * V;
+      int64_t best = std::max_element(row, row + V) - row;
+      out[i].push_back(best);
+      if (best == eos_id) done[i] = true;
+      all_done = all_done && done[i];
+    }
+    if (all_done) break;
+  }
+  return out;
+}
+
+}  // namespace kestrel::models

@@ -1,0 +1,25 @@
+// The trainer's run configuration: a JSON document checked against a schema of defaults.
+// Unknown keys are errors that list the valid keys of their section; `--set a.b=value` overrides
+// (value parsed as JSON, else taken as a string). The model's own config ("model.config", HF
+// config.json fields) is validated by the model config parsers, not here.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kestrel::train {
+
+// The defaults; every accepted key appears here.
+nlohmann::json default_train_config();
+
+// Merges `user` over the defaults, checking keys and value types; `source` names the file.
+nlohmann::json resolve_train_config(const nlohmann::json& user, const std::string& source);
+
+// Applies "a.b.c=value" to `config` (the key must exist in the schema unless under model.config).
+void apply_override(nlohmann::json& config, const std::string& assignment);
+
+// "40GiB", "512MiB", "1.5GB", "123" -> bytes. Errors name the text.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace kestrel::train

@@ -1,0 +1,52 @@
+// The training loop behind kestrel-train and the embedding API: builds the model and data from a
+// resolved config, runs micro-batches with gradient accumulation, global-norm clipping, warmup +
+// cosine AdamW, logs one line per step (loss, grad norm, lr, ms, tokens/s, MFU, memory by tag) and
+// a JSONL metrics file, evaluates with greedy captions, and writes atomic checkpoints
+// (step folders: model.safetensors in HF names, optimizer.safetensors, trainer_state.json).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kestrel/runtime/device.h"
+
+namespace kestrel::train {
+
+struct EvalResult {
+  int64_t samples = 0;
+  double caption_accuracy = 0;  // exact caption match
+  double colour_accuracy = 0, shape_accuracy = 0, position_accuracy = 0;
+  std::vector<std::pair<std::string, std::string>> examples;  // (expected, generated)
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;
+  double seconds = 0;
+  EvalResult eval;
+  std::string memory_report_path;
+};
+
+class Trainer {
+ public:
+  // `config` must be resolved (resolve_train_config). Throws kestrel::Error on bad values.
+  explicit Trainer(const nlohmann::json& config);
+  ~Trainer();
+
+  // Resumes from a checkpoint folder ("" = none; "latest" = newest under out_dir/checkpoints).
+  void resume(const std::string& checkpoint);
+  TrainSummary run();
+  EvalResult evaluate();
+
+  // Called with every log line (the binary prints them; embedders may route them elsewhere).
+  void set_log_callback(std::function<void(const std::string&)> cb);
+  Device device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kestrel::train

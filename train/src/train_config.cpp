@@ -1,0 +1,145 @@
+#include "kestrel/train/train_config.h"
+
+#include <cctype>
+#include <cmath>
+
+#include "kestrel/runtime/error.h"
+
+namespace kestrel::train {
+
+using nlohmann::json;
+
+json default_train_config() {
+  return json{
+      {"model", {{"type", "vlm"}, {"config", json::object()}, {"config_path", ""}, {"init_from", ""}}},
+      {"data",
+       {{"type", "shapes"},
+        {"image_size", 32},
+        {"seed", 1},
+        {"noise", 8},
+        {"train_files", ""},
+        {"seq_len", 256},
+        {"eval_offset", 1000000000},
+        {"eval_samples", 100}}},
+      {"train",
+       {{"steps", 100},
+        {"batch_size", 16},
+        {"grad_accum", 1},
+        {"lr", 1e-3},
+        {"min_lr", 1e-4},
+        {"warmup_steps", 10},
+        {"weight_decay", 0.01},
+        {"beta1", 0.9},
+        {"beta2", 0.95},
+        {"eps", 1e-8},
+        {"grad_clip", 1.0},
+        {"seed", 1234}}},
+      {"device", "auto"},
+      {"precision", "auto"},
+      {"recompute", "none"},
+      {"memory_budget", ""},
+      {"threads", 0},
+      {"log_every", 10},
+      {"eval_every", 0},
+      {"checkpoint_every", 0},
+      {"keep_checkpoints", 2},
+      {"out_dir", "runs/train"},
+  };
+}
+
+namespace {
+
+std::string keys_of(const json& obj) {
+  std::string s;
+  for (auto it = obj.begin(); it != obj.end(); ++it) s += (s.empty() ? "" : ", ") + it.key();
+  return s;
+}
+
+bool same_kind(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return true;
+  return a.type() == b.type();
+}
+
+void merge(json& base, const json& user, const std::string& path, const std::string& source) {
+  KESTREL_CHECK(user.is_object(), "config", source, ": '", path.empty() ? "<root>" : path, "' must be an object");
+  for (auto it = user.begin(); it != user.end(); ++it) {
+    std::string key = path.empty() ? it.key() : path + "." + it.key();
+    KESTREL_CHECK(base.contains(it.key()), "config", source, ": unknown key '", key, "'; valid keys",
+                  path.empty() ? "" : " of '" + path + "'", ": ", keys_of(base));
+    json& slot = base[it.key()];
+    if (key == "model.config") {
+      KESTREL_CHECK(it.value().is_object(), "config", source, ": 'model.config' must be an object (HF config.json)");
+      slot = it.value();
+    } else if (slot.is_object()) {
+      merge(slot, it.value(), key, source);
+    } else {
+      KESTREL_CHECK(same_kind(slot, it.value()), "config", source, ": '", key, "' must be a ", slot.type_name(),
+                    ", got ", it.value().type_name(), " (", it.value().dump(), ")");
+      slot = it.value();
+    }
+  }
+}
+
+}  // namespace
+
+json resolve_train_config(const json& user, const std::string& source) {
+  json cfg = default_train_config();
+  merge(cfg, user, "", source);
+  return cfg;
+}
+
+void apply_override(json& config, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  KESTREL_CHECK(eq != std::string::npos && eq > 0, "config", "--set expects key=value, got '", assignment, "'");
+  std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (...) {
+    value = text;
+  }
+  // Build a nested user object and merge it with the same checks as the file.
+  json patch = value;
+  std::string rest = key;
+  std::vector<std::string> parts;
+  size_t pos;
+  while ((pos = rest.find('.')) != std::string::npos) {
+    parts.push_back(rest.substr(0, pos));
+    rest = rest.substr(pos + 1);
+  }
+  parts.push_back(rest);
+  // Under model.config anything goes (validated by the model).
+  if (parts.size() >= 3 && parts[0] == "model" && parts[1] == "config") {
+    json* p = &config["model"]["config"];
+    for (size_t i = 2; i + 1 < parts.size(); ++i) p = &(*p)[parts[i]];
+    (*p)[parts.back()] = value;
+    return;
+  }
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) patch = json{{*it, patch}};
+  json base = config;
+  merge(base, patch, "", "--set " + assignment);
+  config = base;
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  KESTREL_CHECK(i > 0, "memory", "cannot parse a size from '", text, "'; write e.g. 40GiB, 512MiB or 1.5GB");
+  double v = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mul = 1;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "KiB") mul = 1024.0;
+  else if (unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else if (unit == "TB") mul = 1e12;
+  else throw make_error("memory", "unknown unit '", unit, "' in '", text, "'; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
+  return static_cast<int64_t>(std::llround(v * mul));
+}
+
+}  // namespace kestrel::train

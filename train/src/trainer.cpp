@@ -1,0 +1,305 @@
+// The training loop. See trainer.h for what it does; the policies worth noting:
+// - data order is a pure function of the step (record index = (step-1) * accum * batch + ...), so
+//   a resumed run sees exactly the batches the uninterrupted run would have seen;
+// - checkpoints are written into a hidden temporary folder and renamed into place, so a killed run
+//   never leaves a step folder that resume would take.
+#include "kestrel/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint_io.h"
+#include "kestrel/autograd/recompute.h"
+#include "kestrel/autograd/tape.h"
+#include "kestrel/models/vlm.h"
+#include "kestrel/ops/optim.h"
+#include "kestrel/runtime/accumulate.h"
+#include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/parallel.h"
+#include "kestrel/train/optimizer.h"
+#include "kestrel/train/schedule.h"
+#include "kestrel/train/vlm_data.h"
+
+namespace kestrel::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string human_bytes(int64_t b) {
+  char buf[32];
+  double v = static_cast<double>(b);
+  const char* unit = "B";
+  if (v >= 1024.0 * 1024 * 1024) v /= 1024.0 * 1024 * 1024, unit = "GiB";
+  else if (v >= 1024.0 * 1024) v /= 1024.0 * 1024, unit = "MiB";
+  else if (v >= 1024.0) v /= 1024.0, unit = "KiB";
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
+  return buf;
+}
+
+// Words of a shapes caption "a <colour> <shape> at the <position...>".
+struct CaptionParts {
+  std::string colour, shape, position;
+};
+CaptionParts split_caption(const std::string& c) {
+  CaptionParts p;
+  std::istringstream is(c);
+  std::string a, at, the;
+  is >> a >> p.colour >> p.shape >> at >> the;
+  std::getline(is, p.position);
+  if (!p.position.empty() && p.position.front() == ' ') p.position.erase(0, 1);
+  return p;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  json cfg;
+  Device device;
+  DType dtype;
+  autograd::RecomputePolicy policy;
+  std::unique_ptr<models::Vlm> vlm;
+  std::unique_ptr<ShapesVlmData> data;
+  std::unique_ptr<AdamW> optim;
+  LrSchedule schedule;
+  int64_t step = 0;  // completed steps
+  int64_t batch_size, accum, total_steps;
+  double grad_clip;
+  std::string out_dir;
+  std::function<void(const std::string&)> log = [](const std::string& s) { std::printf("%s\n", s.c_str()); std::fflush(stdout); };
+
+  explicit Impl(const json& c) : cfg(c) {
+    std::string dev = cfg["device"];
+    device = dev == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev);
+    if (device.is_cuda())
+      KESTREL_CHECK(cuda_available(), "train", "device ", device.str(), " requested but no CUDA device is available");
+    std::string prec = cfg["precision"];
+    dtype = prec == "auto" ? (device.is_cuda() ? DType::BF16 : DType::F32) : parse_dtype(prec);
+    KESTREL_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "train",
+                  "precision must be auto, f32, bf16 or f16, got '", prec, "'");
+    policy = autograd::parse_recompute_policy(cfg["recompute"]);
+    if (int t = cfg["threads"]; t > 0) set_num_cpu_threads(t);
+    const json& tr = cfg["train"];
+    batch_size = tr["batch_size"];
+    accum = tr["grad_accum"];
+    total_steps = tr["steps"];
+    grad_clip = tr["grad_clip"];
+    KESTREL_CHECK(batch_size > 0 && accum > 0 && total_steps > 0, "train",
+                  "train.batch_size, train.grad_accum and train.steps must be positive");
+    out_dir = cfg["out_dir"];
+    schedule = LrSchedule{tr["lr"], tr["min_lr"], tr["warmup_steps"], total_steps};
+
+    std::string type = cfg["model"]["type"];
+    KESTREL_CHECK(type == "vlm", "train", "model.type '", type, "' is not supported yet; use \"vlm\"");
+    models::VlmConfig mc = cfg["model"]["config_path"].get<std::string>().empty()
+                               ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
+                               : models::VlmConfig::from_file(cfg["model"]["config_path"]);
+    const json& d = cfg["data"];
+    KESTREL_CHECK(d["type"] == "shapes", "train", "data.type '", d["type"].get<std::string>(),
+                  "' is not supported for the vlm yet; use \"shapes\"");
+    KESTREL_CHECK(d["image_size"].get<int64_t>() == mc.vision_config.image_size, "train", "data.image_size (",
+                  d["image_size"].get<int64_t>(), ") must equal the vision config's image_size (",
+                  mc.vision_config.image_size, ")");
+    uint64_t seed = tr["seed"];
+    {
+      TagScope tag(MemoryTag::Parameter);
+      vlm = std::make_unique<models::Vlm>(mc, dtype, device, seed);
+    }
+    if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(vlm->parameters(), init);
+    ShapesConfig sc;
+    sc.image_size = d["image_size"];
+    sc.seed = d["seed"];
+    sc.noise = d["noise"];
+    data = std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
+    AdamWOptions ao;
+    ao.lr = tr["lr"];
+    ao.beta1 = tr["beta1"];
+    ao.beta2 = tr["beta2"];
+    ao.eps = tr["eps"];
+    ao.weight_decay = tr["weight_decay"];
+    optim = std::make_unique<AdamW>(vlm->parameters(), ao);
+  }
+
+  int64_t num_params() const { return vlm->parameters().numel(); }
+
+  // One optimizer step; returns {mean loss over micro-batches, grad norm, tokens}.
+  std::tuple<double, double, int64_t> train_step() {
+    Device dev = device;
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      uint64_t first = static_cast<uint64_t>((step * accum + m) * batch_size);
+      models::VlmBatch b = data->batch(first, batch_size);
+      tokens += b.input_ids.numel();
+      Tensor loss;
+      {
+        PhaseScope ph(dev, "forward");
+        TagScope tag(MemoryTag::Activation);
+        loss = vlm->loss(b, policy);
+      }
+      {
+        PhaseScope ph(dev, "backward");
+        TagScope tag(MemoryTag::Gradient);
+        Tensor seed = Tensor::full(loss.shape(), 1.0 / static_cast<double>(accum), loss.dtype(), loss.device());
+        autograd::backward({loss}, {seed});
+      }
+      loss_sum += loss.item();
+    }
+    double gnorm;
+    {
+      PhaseScope ph(dev, "optimizer");
+      TagScope tag(MemoryTag::OptimizerState);
+      std::vector<Tensor> grads;
+      for (auto& [name, p] : vlm->parameters().items())
+        if (p->grad().defined()) grads.push_back(p->grad());
+      gnorm = clip_grad_norm(grads, grad_clip);
+      optim->step(schedule.at(step + 1));
+      vlm->parameters().zero_grad();
+    }
+    ++step;
+    return {loss_sum / static_cast<double>(accum), gnorm, tokens};
+  }
+
+  std::string memory_line() const {
+    MemorySnapshot s = memory_trace(device).snapshot();
+    std::vector<std::pair<int64_t, std::string>> tags;
+    for (int t = 0; t < kNumMemoryTags; ++t)
+      if (s.tags[t].peak > 0) tags.emplace_back(s.tags[t].peak, std::string(tag_name(static_cast<MemoryTag>(t))));
+    std::sort(tags.rbegin(), tags.rend());
+    std::string line = "peak " + human_bytes(device.is_cuda() ? s.peak_footprint : s.peak_in_use) + " (";
+    for (size_t i = 0; i < tags.size() && i < 3; ++i) line += (i ? ", " : "") + tags[i].second + " " + human_bytes(tags[i].first);
+    return line + ")";
+  }
+
+  void write_memory_report() const {
+    MemorySnapshot s = memory_trace(device).snapshot();
+    json tags = json::object();
+    for (int t = 0; t < kNumMemoryTags; ++t)
+      tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = {{"current", s.tags[t].current}, {"peak", s.tags[t].peak}};
+    json report{{"device", device.str()},
+                {"peak_in_use", s.peak_in_use},
+                {"peak_reserved", s.peak_reserved},
+                {"peak_footprint", s.peak_footprint},
+                {"external", s.external},
+                {"tags", tags},
+                {"num_allocs", s.num_allocs},
+                {"num_ooms", s.num_ooms},
+                {"parameters", num_params()},
+                {"optimizer_state_bytes", optim->state_bytes()}};
+    fs::create_directories(out_dir);
+    std::ofstream(out_dir + "/memory_report.json") << report.dump(2) << "\n";
+  }
+
+  EvalResult evaluate() {
+    const json& d = cfg["data"];
+    const int64_t n = d["eval_samples"];
+    const uint64_t offset = d["eval_offset"];
+    EvalResult r;
+    const int64_t chunk = 50;
+    int correct = 0, colour = 0, shape = 0, position = 0;
+    for (int64_t first = 0; first < n; first += chunk) {
+      int64_t count = std::min(chunk, n - first);
+      std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(count), data->prompt());
+      auto outs = vlm->generate_greedy(data->pixels(offset + first, count), prompts, 48, ByteTokenizer::kEos);
+      for (int64_t i = 0; i < count; ++i) {
+        std::string want = data->dataset().sample(offset + first + i).caption;
+        std::string got = data->tokenizer().decode(outs[i]);
+        CaptionParts a = split_caption(want), b = split_caption(got);
+        correct += got == want;
+        colour += a.colour == b.colour;
+        shape += a.shape == b.shape;
+        position += a.position == b.position;
+        if (r.examples.size() < 5) r.examples.emplace_back(want, got);
+      }
+    }
+    r.samples = n;
+    r.caption_accuracy = n ? static_cast<double>(correct) / n : 0;
+    r.colour_accuracy = n ? static_cast<double>(colour) / n : 0;
+    r.shape_accuracy = n ? static_cast<double>(shape) / n : 0;
+    r.position_accuracy = n ? static_cast<double>(position) / n : 0;
+    return r;
+  }
+};
+
+Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config)) {}
+Trainer::~Trainer() = default;
+void Trainer::set_log_callback(std::function<void(const std::string&)> cb) { impl_->log = std::move(cb); }
+Device Trainer::device() const { return impl_->device; }
+EvalResult Trainer::evaluate() { return impl_->evaluate(); }
+
+void Trainer::resume(const std::string& checkpoint) {
+  if (checkpoint.empty()) return;
+  std::string dir = checkpoint == "latest" ? latest_checkpoint(impl_->out_dir) : checkpoint;
+  KESTREL_CHECK(!dir.empty(), "train", "--resume latest: no checkpoint under ", impl_->out_dir, "/checkpoints");
+  int64_t step = load_checkpoint(dir, impl_->vlm->parameters(), *impl_->optim);
+  impl_->step = step;
+  impl_->log("resumed from " + dir + " at step " + std::to_string(step));
+}
+
+TrainSummary Trainer::run() {
+  Impl& I = *impl_;
+  fs::create_directories(I.out_dir);
+  std::ofstream metrics(I.out_dir + "/metrics.jsonl", I.step > 0 ? std::ios::app : std::ios::trunc);
+  const json& tr = I.cfg["train"];
+  const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
+  const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
+  const int64_t keep = I.cfg["keep_checkpoints"];
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "kestrel-train: vlm with %.2fM parameters on %s (%s), batch %lld x %lld, %lld steps, recompute %s",
+                I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
+                static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
+                static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
+  I.log(buf);
+  TrainSummary sum;
+  auto t_run = std::chrono::steady_clock::now();
+  memory_trace(I.device).reset_peaks();
+  // Peak FLOP rate for MFU: H100/H200 dense bf16 (989 TFLOP/s) on CUDA; none on the CPU.
+  const double peak_flops = I.device.is_cuda() ? 989e12 : 0.0;
+  while (I.step < I.total_steps) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto [loss, gnorm, tokens] = I.train_step();
+    synchronize(I.device);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (sum.steps == 0) sum.first_loss = loss;
+    sum.last_loss = loss;
+    sum.steps++;
+    double tps = tokens / (ms / 1e3);
+    double mfu = peak_flops > 0 ? 6.0 * static_cast<double>(I.num_params()) * tps / peak_flops : 0.0;
+    double lr = I.schedule.at(I.step);
+    metrics << json{{"step", I.step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"ms", ms},
+                    {"tokens_per_s", tps}, {"mfu", mfu},
+                    {"peak_bytes", memory_trace(I.device).snapshot().peak_in_use}}
+                   .dump()
+            << "\n";
+    if (I.step % log_every == 0 || I.step == 1 || I.step == I.total_steps) {
+      std::snprintf(buf, sizeof buf, "step %5lld/%lld | loss %.4f | gnorm %.3f | lr %.2e | %7.1f ms | %8.0f tok/s | MFU %s | %s",
+                    static_cast<long long>(I.step), static_cast<long long>(I.total_steps), loss, gnorm, lr, ms, tps,
+                    peak_flops > 0 ? (std::to_string(mfu * 100).substr(0, 4) + "%").c_str() : "n/a",
+                    I.memory_line().c_str());
+      I.log(buf);
+    }
+    if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
+      EvalResult e = I.evaluate();
+      std::snprintf(buf, sizeof buf, "eval @ %lld: caption accuracy %.1f%% (colour %.1f%%, shape %.1f%%, position %.1f%%)",
+                    static_cast<long long>(I.step), 100 * e.caption_accuracy, 100 * e.colour_accuracy,
+                    100 * e.shape_accuracy, 100 * e.position_accuracy);
+      I.log(buf);
+    }
+    if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
+      std::string dir = save_checkpoint(I.out_dir, I.step, I.vlm->parameters(), *I.optim, I.cfg, keep);
+      I.log("checkpoint " + dir);
+    }
+  }
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+  (void)tr;
+  I.write_memory_report();
+  sum.memory_report_path = I.out_dir + "/memory_report.json";
+  return sum;
+}
+
+}  // namespace kestrel::train
