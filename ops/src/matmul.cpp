@@ -75,7 +75,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     const Tensor& go = g[0];  // [..., M, N]
     Tensor da, db;
     // C = op(A) op(B).  d op(A) = G op(B)^T,  d op(B) = op(A)^T G.
-    if (ga) da = ta ? matmul(sb, go, tb, true) : matmul(go, sb, false, !tb);
+    if (ga) {
+      if (!ta) da = matmul(go, sb, false, !tb);
+      // A^T with a shared 2-D B: op(B) G^T would need a batched right operand, so form G op(B)^T.
+      else if (b_dim == 2 && a_dim > 2) da = contiguous(transpose(matmul(go, sb, false, !tb), -1, -2));
+      else da = matmul(sb, go, tb, true);
+    }
     if (gb) {
       if (b_dim == 2 && a_dim > 2) {
         // Shared 2-D weight: d op(B) = sum over the batch, done as one GEMM over flattened rows.

@@ -1,0 +1,15 @@
+// Private: rotary position embedding kernel slot (rotate-half form, see kestrel/ops/rope.h).
+#pragma once
+
+#include "kernels/registry.h"
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel::kernels {
+
+// out, x [tokens, heads, D] contiguous, same dtype; positions [tokens] i32/i64 contiguous.
+// inverse = rotate by -angle (the transpose of the rotation: rope's backward).
+using RopeFn = void(const Tensor& out, const Tensor& x, const Tensor& positions, double theta, int64_t rotary_dim,
+                    bool inverse);
+inline KernelSlot<RopeFn> rope;
+
+}  // namespace kestrel::kernels
