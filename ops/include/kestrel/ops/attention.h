@@ -1,0 +1,34 @@
+// Attention over packed variable-length documents, causal or bidirectional, with GQA.
+//
+// Layout: q [total_q, Hq, D]; k, v [total_k, Hkv, D]; Hq a multiple of Hkv (query head h uses KV
+// head h / (Hq / Hkv)). Documents are given by cumulative offsets cu_seqlens_q/k (i32, [docs + 1],
+// on the device of q); no attention crosses documents. A plain batch is the equal-length case.
+// Causal masking is bottom-right aligned per document (key j visible to query i iff
+// j <= i + len_k - len_q). Never materialises a T x T matrix on the GPU (flash attention); the CPU
+// reference computes one row at a time. Returns the output and the f32 log-sum-exp per (token, head)
+// of the scaled scores (-inf for a row with no visible key, whose output is 0).
+#pragma once
+
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel {
+
+struct AttentionOptions {
+  bool causal = true;
+  double softmax_scale = 0.0;  // 0 = 1 / sqrt(D)
+};
+
+struct AttentionOutput {
+  Tensor out;  // [total_q, Hq, D], q's dtype
+  Tensor lse;  // [total_q, Hq], f32
+};
+
+// max_seqlen_q/k: the longest document (known to the caller; no device-to-host read inside).
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                          const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                          const AttentionOptions& options = {});
+// Self-attention convenience: the same documents for queries and keys.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                 const AttentionOptions& options = {});
+
+}  // namespace kestrel

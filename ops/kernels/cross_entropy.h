@@ -1,0 +1,42 @@
+// Private: fused linear + cross-entropy kernel slots. Forward returns the loss and the per-token
+// log-sum-exp; backward recomputes the logits chunk by chunk from the saved lse (the CPU reference),
+// or - for a device kernel that produces gradients in one fused pass, like cuda/fused_linear_cross_
+// entropy.h - may simply rerun that pass with grad_loss as its upstream gradient.
+//
+// The op layer (src/cross_entropy.cpp) hands kernels contiguous hidden [N, H] and weight [V, H] of one
+// floating dtype, labels as contiguous i64 [N] (already range-checked on the CPU), token_weights as
+// contiguous f32 [N] (f64 for f64 inputs) or undefined, and the resolved chunk sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/registry.h"
+#include "kestrel/ops/cross_entropy.h"
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel::kernels {
+
+struct CrossEntropyParams {
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::Mean;
+  double z_loss = 0.0;
+  double label_smoothing = 0.0;
+  int64_t chunk_tokens = 0;  // resolved: 1..N
+  int64_t chunk_vocab = 0;   // resolved: 1..V
+};
+
+// loss: [] f32 (f64 for f64 inputs); lse: [N] same dtype as loss, for every token (ignored ones too).
+using FusedLinearCrossEntropyForwardFn = void(const Tensor& loss, const Tensor& lse, const Tensor& hidden,
+                                              const Tensor& weight, const Tensor& labels,
+                                              const Tensor& token_weights, const CrossEntropyParams& p);
+// d_hidden [N, H] (hidden's dtype) and d_weight [V, H] (weight's dtype), either undefined when not
+// wanted, are overwritten with the gradients of grad_loss ([] scalar on the device) * loss.
+using FusedLinearCrossEntropyBackwardFn = void(const Tensor& d_hidden, const Tensor& d_weight,
+                                               const Tensor& grad_loss, const Tensor& hidden, const Tensor& weight,
+                                               const Tensor& labels, const Tensor& token_weights, const Tensor& lse,
+                                               const CrossEntropyParams& p);
+
+inline KernelSlot<FusedLinearCrossEntropyForwardFn> fused_linear_cross_entropy_forward;
+inline KernelSlot<FusedLinearCrossEntropyBackwardFn> fused_linear_cross_entropy_backward;
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,39 @@
+// Private: optimizer kernel slots. Multi-tensor by design: a CUDA kernel can update every parameter
+// of a group (or sum every gradient's squares) in one launch. The op layer (src/optim.cpp) checks
+// shapes/dtypes/devices once; every tensor here is contiguous and on one device.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/registry.h"
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel::kernels {
+
+struct AdamWTensors {
+  Tensor param;       // master parameter, f32 (f64 accepted on the CPU), updated in place
+  Tensor grad;        // any floating dtype, same shape
+  Tensor m, v;        // moments, param's dtype, updated in place
+  Tensor param_copy;  // undefined, or bf16/f16/f32 of the same shape: receives the updated param
+  // 0: param_copy rounded to nearest even. Otherwise stochastic rounding: element i rounds up with
+  // probability (x - lo) / (hi - lo), compared with philox_uniform(seed, 0, i) (see philox.h).
+  uint64_t stochastic_rounding_seed = 0;
+};
+
+struct AdamWHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;  // counted from 1 (bias correction)
+};
+
+using AdamWFn = void(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h);
+// Sum over all tensors of sum(x^2), accumulated in f64 (returned to the host).
+using SumSquaresFn = double(const std::vector<Tensor>& tensors);
+// x *= s for every tensor, in place.
+using ScaleInPlaceFn = void(const std::vector<Tensor>& tensors, double s);
+
+inline KernelSlot<AdamWFn> adamw;
+inline KernelSlot<SumSquaresFn> sum_squares;
+inline KernelSlot<ScaleInPlaceFn> scale_in_place;
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,102 @@
+// attention(): argument validation, output allocation, dispatch and the tape entry (outputs out and
+// lse; lse is not differentiated: its gradient is ignored, as in the CUDA kernels).
+#include "kestrel/ops/attention.h"
+
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kestrel/autograd/tape.h"
+
+namespace kestrel {
+namespace ag = autograd;
+namespace {
+
+constexpr const char* kOp = "attention";
+
+void check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q, int64_t total, int64_t max_seqlen) {
+  KESTREL_CHECK(cu.defined(), kOp, name, " is undefined");
+  KESTREL_CHECK(cu.dtype() == DType::I32 && cu.dim() == 1 && cu.numel() >= 1, kOp, name,
+                " must be i32 [docs + 1], got ", cu.str());
+  KESTREL_CHECK(cu.device() == q.device(), kOp, name, " must be on ", q.device().str(), ", got ", cu.str());
+  if (!cu.device().is_cpu()) return;  // no device-to-host read: the CUDA kernels trust the offsets
+  std::vector<int64_t> c = cu.to_int_vector();
+  KESTREL_CHECK(c[0] == 0, kOp, name, "[0] must be 0, got ", c[0]);
+  for (size_t i = 1; i < c.size(); ++i) {
+    KESTREL_CHECK(c[i] >= c[i - 1], kOp, name, " must be non-decreasing, got ", c[i - 1], " then ", c[i],
+                  " at position ", i);
+    KESTREL_CHECK(c[i] - c[i - 1] <= max_seqlen, kOp, "document ", i - 1, " has length ", c[i] - c[i - 1],
+                  " > max_seqlen ", max_seqlen, " (", name, ")");
+  }
+  KESTREL_CHECK(c.back() == total, kOp, name, " ends at ", c.back(), " but there are ", total, " tokens");
+}
+
+}  // namespace
+
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                          const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                          const AttentionOptions& options) {
+  KESTREL_CHECK(q.defined() && k.defined() && v.defined(), kOp, "undefined q, k or v");
+  KESTREL_CHECK(q.dim() == 3, kOp, "q must be [total_q, Hq, D], got ", q.str());
+  KESTREL_CHECK(k.dim() == 3, kOp, "k must be [total_k, Hkv, D], got ", k.str());
+  KESTREL_CHECK(v.shape() == k.shape(), kOp, "v must match k ", k.str(), ", got ", v.str());
+  KESTREL_CHECK(is_floating(q.dtype()), kOp, "expected a floating q, got ", q.str());
+  KESTREL_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), kOp, "q, k, v must share a dtype, got ", q.str(),
+                ", ", k.str(), ", ", v.str());
+  KESTREL_CHECK(k.device() == q.device() && v.device() == q.device(), kOp, "q, k, v must share a device, got ",
+                q.str(), ", ", k.str(), ", ", v.str());
+  int64_t Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2];
+  KESTREL_CHECK(k.shape()[2] == D, kOp, "head_dim of k (", k.shape()[2], ") differs from q (", D, ")");
+  KESTREL_CHECK(Hkv > 0 && Hq % Hkv == 0, kOp, "query heads (", Hq, ") must be a multiple of KV heads (", Hkv, ")");
+  KESTREL_CHECK(D > 0, kOp, "head_dim must be positive, got ", q.str());
+  KESTREL_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, kOp, "max_seqlen must be >= 0, got ", max_seqlen_q, ", ",
+                max_seqlen_k);
+  check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q, q.shape()[0], max_seqlen_q);
+  check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", q, k.shape()[0], max_seqlen_k);
+  KESTREL_CHECK(cu_seqlens_q.numel() == cu_seqlens_k.numel(), kOp, "cu_seqlens_q ", cu_seqlens_q.str(),
+                " and cu_seqlens_k ", cu_seqlens_k.str(), " describe different numbers of documents");
+  KESTREL_CHECK(options.softmax_scale >= 0, kOp, "softmax_scale must be >= 0 (0 = 1/sqrt(D)), got ",
+                options.softmax_scale);
+
+  kernels::AttentionParams p;
+  p.max_seqlen_q = max_seqlen_q;
+  p.max_seqlen_k = max_seqlen_k;
+  p.softmax_scale = options.softmax_scale > 0 ? options.softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  p.causal = options.causal;
+
+  Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
+  Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();
+  AttentionOutput r;
+  r.out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [total_q, Hq, D]
+  r.lse = Tensor::empty({q.shape()[0], Hq}, DType::F32, q.device());  // [total_q, Hq]
+  if (q.numel() > 0) kernels::dispatch(kernels::attention_forward, kOp, q.device(), r.out, r.lse, qc, kc, vc, cq, ck, p);
+
+  if (!ag::should_record({q, k, v})) return r;
+  bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
+  Tensor so = r.out.detach(), sl = r.lse.detach();
+  std::vector<Tensor> outs = {r.out, r.lse};
+  ag::record(kOp, {q, k, v}, outs, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+    Tensor dout = g[0].dtype() == qc.dtype() ? g[0].contiguous() : g[0].to(qc.dtype()).contiguous();
+    Tensor dq = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
+    Tensor dk = Tensor::empty(kc.shape(), kc.dtype(), kc.device());
+    Tensor dv = Tensor::empty(vc.shape(), vc.dtype(), vc.device());
+    if (qc.numel() == 0 || kc.numel() == 0) {
+      dq.zero_();
+      dk.zero_();
+      dv.zero_();
+    } else {
+      kernels::dispatch(kernels::attention_backward, "attention_backward", qc.device(), dq, dk, dv, dout, qc, kc, vc,
+                        so, sl, cq, ck, p);
+    }
+    return {gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
+  });
+  r.out = outs[0];
+  r.lse = outs[1];
+  return r;
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                 const AttentionOptions& options) {
+  return attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, options).out;
+}
+
+}  // namespace kestrel

@@ -1,0 +1,206 @@
+// adamw_step against a float64 reference over several steps (bias correction, decoupled weight
+// decay, 16-bit gradients), the 16-bit parameter copy (nearest and stochastic rounding, the latter
+// unbiased over many seeds), and global-norm clipping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kestrel/ops/optim.h"
+#include "support/numerics.h"
+
+namespace kestrel {
+namespace {
+using testing::randn;
+
+std::vector<double> host_f64(const Tensor& t) {
+  Tensor h = t.to(DType::F64).contiguous();
+  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+}
+
+void check_adamw(DType grad_dtype, int64_t n) {
+  SCOPED_TRACE(::testing::Message() << "grad " << dtype_name(grad_dtype) << " n=" << n);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.beta1 = 0.85;
+  o.beta2 = 0.99;
+  o.eps = 1e-6;
+  o.weight_decay = 0.1;
+  Tensor p = randn({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  Tensor copy = Tensor::full({n}, NAN, DType::BF16);
+  std::vector<double> rp = host_f64(p), rm(n, 0.0), rv(n, 0.0);
+  for (int64_t step = 1; step <= 5; ++step) {
+    Tensor g = randn({n}, grad_dtype);
+    std::vector<double> gd = host_f64(g);
+    adamw_step(p, g, m, v, step, o, copy);
+    double bc1 = 1 - std::pow(o.beta1, step), bc2 = 1 - std::pow(o.beta2, step);
+    for (int64_t i = 0; i < n; ++i) {
+      rp[i] *= 1 - o.lr * o.weight_decay;
+      rm[i] = o.beta1 * rm[i] + (1 - o.beta1) * gd[i];
+      rv[i] = o.beta2 * rv[i] + (1 - o.beta2) * gd[i] * gd[i];
+      rp[i] -= o.lr / bc1 * rm[i] / (std::sqrt(rv[i]) / std::sqrt(bc2) + o.eps);
+    }
+  }
+  std::vector<double> hp = host_f64(p), hm = host_f64(m), hv = host_f64(v), hc = host_f64(copy);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(hp[i], rp[i], 2e-6 * (1 + std::abs(rp[i]))) << i;
+    EXPECT_NEAR(hm[i], rm[i], 1e-6 * (1 + std::abs(rm[i]))) << i;
+    EXPECT_NEAR(hv[i], rv[i], 1e-6 * (1 + std::abs(rv[i]))) << i;
+    // Round to nearest: exactly the bf16 of the f32 master value.
+    EXPECT_EQ(hc[i], static_cast<double>(static_cast<float>(bf16(static_cast<float>(hp[i]))))) << i;
+  }
+}
+
+TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
+  check_adamw(DType::F32, 1);
+  check_adamw(DType::F32, 1000);
+  check_adamw(DType::BF16, 127);
+  check_adamw(DType::F16, 7);
+  check_adamw(DType::F64, 33);
+}
+
+TEST(AdamW, F64MasterForGradientTools) {
+  Tensor p = randn({9}, DType::F64), m = Tensor::zeros({9}, DType::F64), v = Tensor::zeros({9}, DType::F64);
+  Tensor g = randn({9}, DType::F64);
+  std::vector<double> p0 = host_f64(p), gd = host_f64(g);
+  AdamWOptions o;
+  adamw_step(p, g, m, v, 1, o);
+  std::vector<double> p1 = host_f64(p);
+  for (int i = 0; i < 9; ++i) {
+    // Step 1: m_hat = g, v_hat = g^2, so the update is lr * g / (|g| + eps).
+    double expect = p0[i] * (1 - o.lr * o.weight_decay) - o.lr * gd[i] / (std::abs(gd[i]) + o.eps);
+    EXPECT_NEAR(p1[i], expect, 1e-15);
+  }
+}
+
+template <typename T16>
+void check_stochastic_rounding(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  // lr = 0 and no weight decay leave the master value unchanged, so the copy is just SR(param).
+  const int64_t n = 64;
+  const int seeds = 400;
+  Tensor p = testing::randu({n}, -3.0, 3.0);
+  p.data<float>()[0] = 1.0f;      // exactly representable: never perturbed
+  p.data<float>()[1] = 1e-6f;     // f16 subnormal range / bf16 normal
+  p.data<float>()[2] = -2.7182817f;
+  std::vector<double> x = host_f64(p), mean(n, 0.0);
+  AdamWOptions o;
+  o.lr = 0;
+  o.weight_decay = 0;
+  Tensor g = randn({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  Tensor copy = Tensor::empty({n}, dt);
+  for (int s = 1; s <= seeds; ++s) {
+    adamw_step(p, g, m, v, 1, o, copy, 0x9e3779b97f4a7c15ull * s);
+    std::vector<double> c = host_f64(copy);
+    for (int64_t i = 0; i < n; ++i) {
+      // Always one of the two neighbours.
+      float xf = static_cast<float>(x[i]);
+      T16 nearest(xf);
+      double a = static_cast<float>(nearest);
+      double other = static_cast<float>(T16::from_bits(static_cast<uint16_t>(
+          (static_cast<double>(a) < x[i]) == (x[i] > 0) ? nearest.bits + 1 : nearest.bits - 1)));
+      ASSERT_TRUE(c[i] == a || c[i] == other) << "element " << i << " x=" << x[i] << " got " << c[i];
+      mean[i] += c[i] / seeds;
+    }
+  }
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float xf = static_cast<float>(x[i]);
+    T16 nearest(xf);
+    double a = static_cast<float>(nearest);
+    double other = static_cast<float>(T16::from_bits(static_cast<uint16_t>(
+        (a < x[i]) == (x[i] > 0) ? nearest.bits + 1 : nearest.bits - 1)));
+    double gap = std::abs(other - a);
+    if (a == x[i]) {
+      EXPECT_NEAR(mean[i], x[i], 1e-12 * std::abs(x[i]));
+      continue;
+    }
+    // Standard deviation of the mean of a two-point distribution over `seeds` draws <= gap / (2 sqrt(seeds)).
+    double err = std::abs(mean[i] - x[i]) / gap;
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 5 * 0.5 / std::sqrt(static_cast<double>(seeds))) << "element " << i << " x=" << x[i];
+  }
+  std::printf("  %s: worst |mean - x| / gap over %d seeds = %.4f (bound %.4f)\n", std::string(dtype_name(dt)).c_str(),
+              seeds, worst, 2.5 / std::sqrt(static_cast<double>(seeds)));
+}
+
+TEST(AdamW, StochasticRoundingIsUnbiased) {
+  check_stochastic_rounding<bf16>(DType::BF16);
+  check_stochastic_rounding<f16>(DType::F16);
+}
+
+TEST(AdamW, StochasticRoundingIsReproducible) {
+  Tensor p = randn({100}), g = randn({100}), m = Tensor::zeros({100}), v = Tensor::zeros({100});
+  Tensor c1 = Tensor::empty({100}, DType::BF16), c2 = Tensor::empty({100}, DType::BF16);
+  AdamWOptions o;
+  o.lr = 0;
+  adamw_step(p, g, m, v, 1, o, c1, 42);
+  adamw_step(p, g, m, v, 1, o, c2, 42);
+  EXPECT_EQ(host_f64(c1), host_f64(c2));
+}
+
+TEST(AdamW, Errors) {
+  Tensor p = randn({4}), g = randn({4}), m = Tensor::zeros({4}), v = Tensor::zeros({4});
+  auto msg = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg([&] { adamw_step(p, randn({5}), m, v, 1, {}); }).find("[adamw_step] shapes differ"), std::string::npos);
+  EXPECT_NE(msg([&] { adamw_step(p.to(DType::BF16), g, m, v, 1, {}); }).find("master parameter must be f32"),
+            std::string::npos);
+  EXPECT_NE(msg([&] { adamw_step(p, g, m, v, 0, {}); }).find("step counts from 1"), std::string::npos);
+  EXPECT_NE(msg([&] { adamw_step(p, g, m.to(DType::BF16), v, 1, {}); }).find("moments must be f32"),
+            std::string::npos);
+}
+
+TEST(ClipGradNorm, NormAndScaling) {
+  std::vector<Tensor> grads = {randn({7, 3}), randn({1000}, DType::BF16), Tensor(), randn({1}, DType::F64)};
+  double ss = 0;
+  for (const Tensor& g : grads)
+    if (g.defined())
+      for (double x : host_f64(g)) ss += x * x;
+  double norm = std::sqrt(ss);
+  EXPECT_NEAR(global_grad_norm(grads), norm, 1e-12 * norm);
+
+  // max_norm above the norm: unchanged.
+  std::vector<std::vector<double>> before;
+  for (const Tensor& g : grads) before.push_back(g.defined() ? host_f64(g) : std::vector<double>());
+  EXPECT_NEAR(clip_grad_norm(grads, 2 * norm), norm, 1e-12 * norm);
+  for (size_t k = 0; k < grads.size(); ++k)
+    if (grads[k].defined()) EXPECT_EQ(host_f64(grads[k]), before[k]);
+
+  // max_norm below: scaled by max_norm / (norm + 1e-6); returns the norm before clipping.
+  double max_norm = norm / 4;
+  EXPECT_NEAR(clip_grad_norm(grads, max_norm), norm, 1e-12 * norm);
+  double coef = max_norm / (norm + 1e-6);
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    std::vector<double> after = host_f64(grads[k]);
+    double tol = grads[k].dtype() == DType::BF16 ? 4e-3 : 1e-6;
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], before[k][i] * coef, tol * std::abs(before[k][i]));
+  }
+  EXPECT_NEAR(global_grad_norm(grads), max_norm, 2e-3 * max_norm);
+
+  // max_norm <= 0: norm only.
+  std::vector<double> g0 = host_f64(grads[0]);
+  clip_grad_norm(grads, 0.0);
+  EXPECT_EQ(host_f64(grads[0]), g0);
+  EXPECT_EQ(global_grad_norm({}), 0.0);
+}
+
+TEST(ClipGradNorm, NonFiniteNormLeavesGradientsUntouched) {
+  Tensor g = randn({10});
+  g.data<float>()[3] = INFINITY;
+  std::vector<double> before = host_f64(g);
+  EXPECT_TRUE(std::isinf(clip_grad_norm({g}, 1.0)));
+  std::vector<double> after = host_f64(g);
+  for (size_t i = 0; i < before.size(); ++i)
+    if (std::isfinite(before[i])) EXPECT_EQ(after[i], before[i]);
+}
+
+}  // namespace
+}  // namespace kestrel
