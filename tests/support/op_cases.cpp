@@ -15,6 +15,9 @@ void add_rope_cases(std::vector<OpCase>& cases);
 void add_activation_cases(std::vector<OpCase>& cases);
 void add_embedding_cases(std::vector<OpCase>& cases);
 void add_patch_cases(std::vector<OpCase>& cases);
+void add_attention_cases(std::vector<OpCase>& cases);
+void add_cross_entropy_cases(std::vector<OpCase>& cases);
+void add_optim_cases(std::vector<OpCase>& cases);
 
 std::vector<OpCase> all_op_cases() {
   using AddCases = void (*)(std::vector<OpCase>&);
@@ -29,6 +32,9 @@ std::vector<OpCase> all_op_cases() {
       add_activation_cases,
       add_embedding_cases,
       add_patch_cases,
+      add_attention_cases,
+      add_cross_entropy_cases,
+      add_optim_cases,
   };
   std::vector<OpCase> cases;
   for (AddCases add : families) add(cases);
