@@ -2,8 +2,10 @@
 //
 // Operands of any dtype/strides are packed into contiguous compute-type panels (so transposes and
 // bf16 storage cost one pass), then a register-blocked kernel accumulates C in f32 (f64 for f64).
-// The micro-kernel is compiled for AVX2+FMA and baseline x86-64 (target_clones), so a binary built
-// here runs on any x86-64 machine.
+// The micro-kernel is compiled for AVX-512 (x86-64-v4), AVX2+FMA (v3) and baseline x86-64
+// (target_clones), so a binary built here runs on any x86-64 machine and uses the widest units it
+// has. Adding the v4 clone took 2 threads on the AVX-512 EPYC dev box from ~23-29 to ~31-89 GFLOP/s
+// (bench/notes/cpu_ops.md).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -21,7 +23,7 @@ constexpr int64_t kMC = 64, kKC = 256, kNC = 512;  // cache blocks
 // C[mr x nr] += A_panel[kc][kMR] * B_panel[kc][kNR]; c has row stride ldc.
 template <typename C>
 #if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void micro_kernel(int64_t kc, const C* __restrict ap, const C* __restrict bp, C* __restrict c, int64_t ldc,
                   int64_t mr, int64_t nr) {
