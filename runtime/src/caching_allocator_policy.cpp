@@ -161,6 +161,7 @@ Allocation CachingAllocatorPolicy::allocate(size_t bytes, MemoryTag tag, StreamH
     // Fully free cached segments of this pool are all too small for the request: they go back
     // before a new segment is mapped (keeps reserved close to in use); then the ladder.
     release_free_segments(0, small ? 1 : 0);
+    backend_->before_map();
     for (int stage = 0; stage < 3 && !b; ++stage) {
       if (stage == 1) {
         trace_->on_retry();

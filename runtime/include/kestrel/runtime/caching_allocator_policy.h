@@ -11,7 +11,8 @@
 //   on another stream only after that stream is ordered after them (backend.stream_wait_stream,
 //   i.e. an event recorded on the old stream and waited on by the new one), never by a host sync.
 //   record_stream() adds a stream to an allocated block; its free then waits (pending) for events
-//   recorded on the extra streams before the block returns to the cache.
+//   recorded on the extra streams before the block returns to the cache. Streams used with the
+//   allocator must outlive the cached blocks that remember them (like PyTorch's stream pool).
 // - Budget ladder, when no cached block fits and a new segment is needed:
 //   (1) map it if reserved + external + segment <= budget and the driver has memory;
 //   (2) otherwise wait for pending frees, release every fully-free cached segment, retry;
@@ -58,6 +59,9 @@ class DeviceMemoryBackend {
   virtual bool event_done(EventHandle e) = 0;
   virtual void event_sync(EventHandle e) = 0;
   virtual void destroy_event(EventHandle e) = 0;
+  // Called when no cached block fits, before the budget is checked for a new segment (the CUDA
+  // backends re-measure External there, so lazily loaded modules are charged).
+  virtual void before_map() {}
 };
 
 struct AllocatorPolicyStats {

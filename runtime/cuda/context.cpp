@@ -1,0 +1,198 @@
+// The per-device CUDA context: created lazily on first use of a device. It owns the compute and
+// copy streams, the cuBLASLt handle and its workspace (from the caching allocator, tag Workspace),
+// and measures what the CUDA context and cuBLAS cost on the device (External) as the drop in free
+// memory from before the context existed (NVML, no context needed) to after their initialisation.
+#include "context.h"
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/runtime/memory_trace.h"
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+std::mutex g_mu;
+std::array<Context*, kMaxDevices> g_contexts{};  // never destroyed: outlives static destructors
+thread_local std::array<cudaStream_t, kMaxDevices> t_stream{};  // StreamGuard overrides
+
+// NVML, loaded at run time (the driver ships it; absent on machines without a GPU).
+struct Nvml {
+  using InitFn = int (*)();
+  using ByPciFn = int (*)(const char*, void**);
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  using MemFn = int (*)(void*, Memory*);
+  InitFn init = nullptr;
+  ByPciFn by_pci = nullptr;
+  MemFn mem = nullptr;
+  bool ok = false;
+  Nvml() {
+    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    init = reinterpret_cast<InitFn>(dlsym(h, "nvmlInit_v2"));
+    by_pci = reinterpret_cast<ByPciFn>(dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2"));
+    mem = reinterpret_cast<MemFn>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
+    ok = init && by_pci && mem && init() == 0;
+  }
+};
+
+}  // namespace
+
+int64_t nvml_free_memory(int device) {
+  static Nvml nvml;
+  if (!nvml.ok) return -1;
+  char bus[64] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  void* dev = nullptr;
+  Nvml::Memory m{};
+  if (nvml.by_pci(bus, &dev) != 0 || nvml.mem(dev, &m) != 0) return -1;
+  return static_cast<int64_t>(m.free);
+}
+
+int Context::device_count() {
+  static int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // no driver / no device: a CPU-only process, not an error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+Context& Context::get(int device) {
+  KESTREL_CHECK(device >= 0 && device < device_count(), "cuda", "device cuda:", device, " does not exist (",
+                device_count(), " visible)");
+  Context* c = g_contexts[device];
+  if (c) return *c;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_contexts[device]) g_contexts[device] = new Context(device);
+  return *g_contexts[device];
+}
+
+Context::Context(int device) : device_(device) {
+  install_allocators(device_count());
+  // Free memory before this process has a context on the device (NVML), then create it.
+  int64_t nvml_before = nvml_free_memory(device);
+  DeviceGuard guard(device);
+  KESTREL_CUDA_CHECK(cudaFree(nullptr));  // creates the primary context
+  KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+  KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+  KESTREL_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+  // NVML and cudaMemGetInfo may differ by a constant (driver reservations): measure both now and
+  // express the start in cudaMemGetInfo's terms.
+  size_t free_now = 0, total = 0;
+  KESTREL_CUDA_CHECK(cudaMemGetInfo(&free_now, &total));
+  int64_t nvml_after = nvml_free_memory(device);
+  if (nvml_before >= 0 && nvml_after >= 0) {
+    free_at_start_ = nvml_before - (nvml_after - static_cast<int64_t>(free_now));
+  } else {
+    free_at_start_ = static_cast<int64_t>(free_now);
+    std::fprintf(stderr, "[cuda] NVML unavailable: the CUDA context's memory on cuda:%d is not charged\n", device);
+  }
+  memory_trace(Device::cuda(device)).set_external(free_at_start_ - static_cast<int64_t>(free_now));
+
+  const char* mode = std::getenv("KESTREL_CUDA_ALLOCATOR");
+  std::string m = mode ? mode : "vmm";
+  KESTREL_CHECK(m == "vmm" || m == "malloc", "cuda", "KESTREL_CUDA_ALLOCATOR must be vmm or malloc, got '", m, "'");
+  mem_backend_ = m == "vmm" ? make_vmm_backend(device, free_at_start_) : make_malloc_backend(device, free_at_start_);
+  policy_ = std::make_unique<CachingAllocatorPolicy>(mem_backend_.get(), &memory_trace(Device::cuda(device)),
+                                                     Device::cuda(device));
+  policy_->set_spill_hook([device](int64_t need) { return spill_for(device, need); });
+  workspace_ = policy_->allocate(kWorkspaceBytes, MemoryTag::Workspace, compute_);
+  install_offloader(device);
+}
+
+Context::~Context() = default;  // contexts are never destroyed (see g_contexts)
+
+// ---- kernel-side API ----
+int current_device() {
+  int d = 0;
+  KESTREL_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+cudaStream_t current_stream(int device) {
+  if (device < 0) device = current_device();
+  cudaStream_t s = t_stream[device];
+  return s ? s : Context::get(device).compute();
+}
+cudaStream_t compute_stream(int device) { return Context::get(device < 0 ? current_device() : device).compute(); }
+cudaStream_t h2d_stream(int device) { return Context::get(device < 0 ? current_device() : device).h2d(); }
+cudaStream_t d2h_stream(int device) { return Context::get(device < 0 ? current_device() : device).d2h(); }
+cublasLtHandle_t cublaslt_handle(int device) {
+  return Context::get(device < 0 ? current_device() : device).cublaslt();
+}
+void* cublaslt_workspace(size_t* bytes, int device) {
+  return Context::get(device < 0 ? current_device() : device).workspace(bytes);
+}
+
+DeviceGuard::DeviceGuard(int device) : saved_(current_device()) {
+  if (device != saved_) KESTREL_CUDA_CHECK(cudaSetDevice(device));
+}
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  cudaGetDevice(&now);
+  if (now != saved_) KESTREL_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_));
+}
+
+StreamGuard::StreamGuard(cudaStream_t stream, int device)
+    : device_(device < 0 ? current_device() : device), saved_(t_stream[device_]) {
+  t_stream[device_] = stream;
+}
+StreamGuard::~StreamGuard() { t_stream[device_] = saved_; }
+
+void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
+  if (waiter == producer) return;
+  cudaEvent_t e;
+  KESTREL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  KESTREL_CUDA_CHECK(cudaEventRecord(e, producer));
+  KESTREL_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
+  KESTREL_CUDA_CHECK(cudaEventDestroy(e));  // released once the wait has been satisfied
+}
+
+// ---- public controls (cuda_memory.h) ----
+void init(int device) { (void)Context::get(device); }
+std::string allocator_backend_name(int device) { return Context::get(device).memory_backend().name(); }
+AllocatorPolicyStats allocator_stats(int device) { return Context::get(device).policy().stats(); }
+int64_t release_cached(int device) { return Context::get(device).policy().release_cached(); }
+void check_allocator_invariants(int device) { Context::get(device).policy().check_invariants(); }
+int64_t free_memory_at_start(int device) { return Context::get(device).free_at_start(); }
+int64_t free_memory_now(int device) {
+  DeviceGuard g(device);
+  size_t f = 0, t = 0;
+  KESTREL_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return static_cast<int64_t>(f);
+}
+int64_t refresh_external(int device) { return remeasure_external(device, Context::get(device).free_at_start()); }
+
+int64_t remeasure_external(int device, int64_t free_at_start) {
+  DeviceGuard g(device);
+  size_t f = 0, t = 0;
+  KESTREL_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  MemoryTrace& tr = memory_trace(Device::cuda(device));
+  int64_t ext = free_at_start - static_cast<int64_t>(f) - tr.snapshot().reserved;
+  if (ext < 0) ext = 0;
+  tr.set_external(ext);
+  return ext;
+}
+
+}  // namespace kestrel::cuda

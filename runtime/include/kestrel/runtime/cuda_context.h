@@ -1,0 +1,64 @@
+// The kernel-side CUDA API: which stream to launch on, the cuBLASLt handle and its workspace.
+//
+// For kernel authors (ops/cuda, models, train), not part of the embedding API: it includes
+// cuda_runtime.h and cublasLt.h. Everything here initialises the device's context lazily on first
+// use (streams, cuBLASLt handle, caching allocator, pinned pool, offloader), charging the memory the
+// CUDA context and cuBLAS take as External in memory_trace(Device::cuda(i)).
+//
+// A launcher does:
+//   cudaStream_t s = kestrel::cuda::current_stream();           // the compute stream (or a guard's)
+//   my_kernel<<<grid, block, smem, s>>>(...); KESTREL_CUDA_CHECK_LAUNCH();
+//   size_t ws_bytes; void* ws = kestrel::cuda::cublaslt_workspace(&ws_bytes);
+//   cublasLtMatmul(kestrel::cuda::cublaslt_handle(), ..., ws, ws_bytes, s);
+// Temporary device buffers come from Tensor::empty (the caching allocator), never cudaMalloc.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace kestrel::cuda {
+
+// The device kernels run on for this thread: set by DeviceGuard, else the CUDA runtime's current.
+int current_device();
+// The stream ops on `device` launch on: the innermost StreamGuard's, else the device's compute stream.
+cudaStream_t current_stream(int device = -1);  // -1: current_device()
+cudaStream_t compute_stream(int device = -1);
+cudaStream_t h2d_stream(int device = -1);  // host -> device copies (prefetch, restore)
+cudaStream_t d2h_stream(int device = -1);  // device -> host copies (offload, spill)
+// The device's cuBLASLt handle and its workspace (allocated through the caching allocator, tag
+// Workspace, 32 MiB). Use them on current_stream(); one op at a time per device and thread.
+cublasLtHandle_t cublaslt_handle(int device = -1);
+void* cublaslt_workspace(size_t* bytes, int device = -1);
+
+// Makes `device` current for the scope (cudaSetDevice, restored on exit).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Runs the scope's ops on `stream` (on the stream's device, current_device() by default).
+// Allocations made inside belong to that stream (stream-aware reuse).
+class StreamGuard {
+ public:
+  explicit StreamGuard(cudaStream_t stream, int device = -1);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  int device_;
+  cudaStream_t saved_;
+};
+
+// Makes `waiter` wait (on the device) for the work submitted so far to `producer`; no host sync.
+void stream_wait(cudaStream_t waiter, cudaStream_t producer);
+
+}  // namespace kestrel::cuda
