@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kestrel/runtime/tensor.h"
 
@@ -22,6 +23,9 @@ class DeviceBackend {
   // dst += src elementwise (same shape, same device, floating dtypes, any strides).
   virtual void add_into(const Tensor& dst, const Tensor& src) = 0;
   virtual void synchronize(Device device) = 0;
+  // Philox fills of a contiguous floating tensor on the device, identical to random.cpp's host
+  // stream for the same (seed, offset): uniform in [a, b), or normal with mean a and std b.
+  virtual void fill_random(const Tensor& dst, bool normal, uint64_t seed, uint64_t offset, double a, double b) = 0;
 };
 
 void register_cuda_backend(DeviceBackend* backend);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backend.h"
 #include "kestrel/runtime/parallel.h"
 #include "kestrel/runtime/philox.h"
 
@@ -23,11 +24,19 @@ Tensor host_fill(const Shape& shape, DType dtype, Device device, const std::func
   out.copy_(h);
   return out;
 }
+// CUDA tensors: generated on the device by the backend with the same stream (no host round trip).
+Tensor device_fill(const Shape& shape, DType dtype, Device device, bool normal, uint64_t seed, uint64_t off,
+                   double a, double b) {
+  Tensor out = Tensor::empty(shape, dtype, device);
+  detail::cuda_backend().fill_random(out, normal, seed, off, a, b);
+  return out;
+}
 }  // namespace
 
 Tensor uniform(const Shape& shape, double lo, double hi, DType dtype, Device device, Generator& gen) {
   int64_t n = numel(shape);
   uint64_t seed = gen.seed(), off = gen.advance(static_cast<uint64_t>(n));
+  if (device.is_cuda() && is_floating(dtype)) return device_fill(shape, dtype, device, false, seed, off, lo, hi);
   return host_fill(shape, dtype, device, [&](float* p, int64_t cnt) {
     parallel_for(0, cnt, 1 << 14, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
@@ -40,6 +49,7 @@ Tensor normal(const Shape& shape, double mean, double std, DType dtype, Device d
   int64_t n = numel(shape);
   int64_t pairs = (n + 1) / 2;
   uint64_t seed = gen.seed(), off = gen.advance(static_cast<uint64_t>(pairs * 2));
+  if (device.is_cuda() && is_floating(dtype)) return device_fill(shape, dtype, device, true, seed, off, mean, std);
   return host_fill(shape, dtype, device, [&](float* p, int64_t cnt) {
     parallel_for(0, pairs, 1 << 13, [&](int64_t b, int64_t e) {
       for (int64_t j = b; j < e; ++j) {
