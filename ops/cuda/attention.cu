@@ -1,0 +1,71 @@
+// CUDA attention slots (kernels/attention.h) over the flash-attention launchers in
+// cuda/flash_attention.h: bf16/f16 only (f32 attention on CUDA is an error naming the op), the
+// backward workspace allocated with Tensor::empty under a Workspace tag.
+#include "cuda/common.cuh"
+#include "cuda/flash_attention.h"
+#include "kernels/attention.h"
+#include "kestrel/runtime/memory.h"
+
+namespace kestrel::cuda_ops {
+namespace {
+
+cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& cq, const Tensor& ck,
+                                       const kernels::AttentionParams& p) {
+  KESTREL_CHECK(q.dtype() == DType::BF16 || q.dtype() == DType::F16, "attention",
+                "CUDA attention runs in bf16 or f16, got ", dtype_name(q.dtype()), " (cast q, k, v first)");
+  KESTREL_CHECK(cq.dtype() == DType::I32 && ck.dtype() == DType::I32, "attention", "cu_seqlens must be i32");
+  cuda::FlashAttentionParams f{};
+  f.q = q.data_ptr();
+  f.k = k.data_ptr();
+  f.v = v.data_ptr();
+  f.out = out.data_ptr();
+  f.lse = static_cast<float*>(lse.data_ptr());
+  f.cu_seqlens_q = static_cast<const int32_t*>(cq.data_ptr());
+  f.cu_seqlens_k = static_cast<const int32_t*>(ck.data_ptr());
+  f.num_docs = static_cast<int>(cq.numel() - 1);
+  f.max_seqlen_q = static_cast<int>(p.max_seqlen_q);
+  f.max_seqlen_k = static_cast<int>(p.max_seqlen_k);
+  f.num_heads_q = static_cast<int>(q.shape()[1]);
+  f.num_heads_kv = static_cast<int>(k.shape()[1]);
+  f.head_dim = static_cast<int>(q.shape()[2]);
+  f.softmax_scale = static_cast<float>(p.softmax_scale);
+  f.causal = p.causal;
+  f.dtype = q.dtype() == DType::BF16 ? cuda::AttnDType::BF16 : cuda::AttnDType::F16;
+  return f;
+}
+
+void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& cq, const Tensor& ck, const kernels::AttentionParams& p) {
+  cuda::flash_attention_forward(make_params(out, lse, q, k, v, cq, ck, p), cuda::current_stream());
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cq,
+                             const Tensor& ck, const kernels::AttentionParams& p) {
+  cuda::FlashAttentionBackwardParams b{};
+  b.fwd = make_params(out, lse, q, k, v, cq, ck, p);
+  b.dout = dout.data_ptr();
+  b.dq = dq.data_ptr();
+  b.dk = dk.data_ptr();
+  b.dv = dv.data_ptr();
+  int total_q = static_cast<int>(q.shape()[0]);
+  size_t bytes = cuda::flash_attention_backward_workspace_bytes(b.fwd, total_q);
+  Tensor ws;
+  {
+    TagScope tag(MemoryTag::Workspace);
+    ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, q.device());
+  }
+  b.workspace = ws.data_ptr();
+  b.workspace_bytes = bytes;
+  cuda::flash_attention_backward(b, total_q, cuda::current_stream());
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+KESTREL_REGISTER_KERNEL(attention_forward, cuda, attention_forward_cuda);
+KESTREL_REGISTER_KERNEL(attention_backward, cuda, attention_backward_cuda);
+
+}  // namespace kestrel::cuda_ops

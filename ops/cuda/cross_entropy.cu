@@ -1,0 +1,87 @@
+// CUDA fused linear + cross-entropy slots (kernels/cross_entropy.h) over the launcher in
+// cuda/fused_linear_cross_entropy.h. Forward: loss and lse only (no gradient buffers). Backward: one
+// fused pass again, with the upstream gradient passed as the launcher's `upstream_grad` device scalar
+// (no host sync, no rescaling afterwards); d_weight is produced in f32 by the launcher and cast into a
+// bf16/f16 weight gradient. Chunk sizes come from the launcher's picker (workspace <= 1 GiB), not the
+// CPU defaults the op layer resolves. Workspaces are Tensor::empty under a Workspace tag.
+#include "cuda/common.cuh"
+#include "cuda/fused_linear_cross_entropy.h"
+#include "kernels/cross_entropy.h"
+#include "kestrel/runtime/memory.h"
+
+namespace kestrel::cuda_ops {
+namespace {
+
+constexpr size_t kWorkspaceBound = size_t{1} << 30;
+
+cuda::FusedLinearCrossEntropyParams make_params(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
+                                                const Tensor& token_weights, const kernels::CrossEntropyParams& p) {
+  check_cuda_dtype(hidden.dtype(), "fused_linear_cross_entropy");
+  KESTREL_CHECK(labels.dtype() == DType::I64, "fused_linear_cross_entropy", "labels must be i64 on CUDA");
+  cuda::FusedLinearCrossEntropyParams f;
+  f.dtype = hidden.dtype();
+  f.tokens = hidden.shape()[0];
+  f.hidden = hidden.shape()[1];
+  f.vocab = weight.shape()[0];
+  f.hidden_states = hidden.data_ptr();
+  f.weight = weight.data_ptr();
+  f.labels = static_cast<const int64_t*>(labels.data_ptr());
+  if (token_weights.defined()) {
+    KESTREL_CHECK(token_weights.dtype() == DType::F32, "fused_linear_cross_entropy", "token weights must be f32");
+    f.token_weights = static_cast<const float*>(token_weights.data_ptr());
+  }
+  f.ignore_index = p.ignore_index;
+  f.reduction = p.reduction == Reduction::Sum ? cuda::CrossEntropyReduction::Sum : cuda::CrossEntropyReduction::Mean;
+  f.z_loss = static_cast<float>(p.z_loss);
+  f.label_smoothing = static_cast<float>(p.label_smoothing);
+  return f;
+}
+
+void run(cuda::FusedLinearCrossEntropyParams& f, Device device) {
+  cuda::pick_fused_linear_cross_entropy_chunks(f, kWorkspaceBound).apply_to(f);
+  size_t bytes = cuda::fused_linear_cross_entropy_workspace_bytes(f);
+  Tensor ws;
+  {
+    TagScope tag(MemoryTag::Workspace);
+    ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device);
+  }
+  cuda::fused_linear_cross_entropy(f, ws.data_ptr(), bytes, cuda::cublaslt_handle(), cuda::current_stream());
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+void forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& hidden, const Tensor& weight,
+                  const Tensor& labels, const Tensor& token_weights, const kernels::CrossEntropyParams& p) {
+  auto f = make_params(hidden, weight, labels, token_weights, p);
+  f.loss = static_cast<float*>(loss.data_ptr());
+  f.lse = static_cast<float*>(lse.data_ptr());
+  run(f, hidden.device());
+}
+
+void backward_cuda(const Tensor& d_hidden, const Tensor& d_weight, const Tensor& grad_loss, const Tensor& hidden,
+                   const Tensor& weight, const Tensor& labels, const Tensor& token_weights, const Tensor&,
+                   const kernels::CrossEntropyParams& p) {
+  auto f = make_params(hidden, weight, labels, token_weights, p);
+  KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
+                "upstream gradient must be an f32 scalar, got ", grad_loss.str());
+  Tensor loss_tmp, dw32;
+  {
+    TagScope tag(MemoryTag::Workspace);
+    loss_tmp = Tensor::empty({1}, DType::F32, hidden.device());
+    if (d_weight.defined() && d_weight.dtype() != DType::F32)
+      dw32 = Tensor::empty(d_weight.shape(), DType::F32, hidden.device());
+  }
+  Tensor g = grad_loss.contiguous();
+  f.loss = static_cast<float*>(loss_tmp.data_ptr());
+  f.upstream_grad = static_cast<const float*>(g.data_ptr());
+  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
+  if (d_weight.defined()) f.d_weight = static_cast<float*>(dw32.defined() ? dw32.data_ptr() : d_weight.data_ptr());
+  run(f, hidden.device());
+  if (dw32.defined()) Tensor(d_weight).copy_(dw32);
+}
+
+}  // namespace
+
+KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_forward, cuda, forward_cuda);
+KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_backward, cuda, backward_cuda);
+
+}  // namespace kestrel::cuda_ops

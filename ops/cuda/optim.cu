@@ -1,0 +1,257 @@
+// CUDA optimizer slots (kernels/optim.h): multi-tensor AdamW, sum of squares and in-place scaling.
+//
+// Multi-tensor: up to kMaxTensors tensors per launch travel in the kernel's parameter struct; each
+// tensor gets ceil(n / kChunk) blocks and a block finds its tensor in a prefix table. AdamW follows
+// cpu/optim.cpp operation by operation with explicitly rounded f32 intrinsics (no FMA contraction), so
+// the f32 master weights, moments and the stochastically rounded bf16/f16 copy (Philox word i of
+// seed, offset 0) match the CPU bit for bit. sum_squares: per-block f64 partials, then one block adds
+// them in a fixed order (deterministic); the slot returns a host double, so that read is the one
+// synchronisation point.
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "kernels/optim.h"
+#include "kestrel/runtime/memory.h"
+#include "kestrel/runtime/philox.h"
+
+namespace kestrel::cuda_ops {
+namespace {
+
+constexpr int kMaxTensors = 24;
+constexpr int64_t kChunk = 8192;
+constexpr int kBlock = 256;
+
+struct AdamWList {
+  int count;
+  int block_start[kMaxTensors + 1];
+  float* p[kMaxTensors];
+  float* m[kMaxTensors];
+  float* v[kMaxTensors];
+  const void* g[kMaxTensors];
+  void* copy[kMaxTensors];
+  int64_t n[kMaxTensors];
+  uint64_t seed[kMaxTensors];
+  DType gt[kMaxTensors], ct[kMaxTensors];
+};
+
+struct AdamWConst {
+  float decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps;
+};
+
+__device__ __forceinline__ int find_tensor(const int* start, int count) {
+  int t = 0;
+  while (t + 1 < count && static_cast<int>(blockIdx.x) >= start[t + 1]) ++t;
+  return t;
+}
+
+// round_stochastic of cpu/optim.cpp; T16 = bf16 (IS_BF16) or f16, returns the bits.
+template <bool IS_BF16>
+__device__ uint16_t round_stochastic(float x, float u) {
+  auto to_bits = [](float f) -> uint16_t {
+    return IS_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+  };
+  auto from_bits = [](uint16_t b) -> float {
+    return IS_BF16 ? __bfloat162float(__ushort_as_bfloat16(b)) : __half2float(__ushort_as_half(b));
+  };
+  uint16_t nearest = to_bits(x);
+  if (!isfinite(x)) return nearest;
+  float a = fabsf(x);
+  uint16_t sign = signbit(x) ? 0x8000u : 0u;
+  uint16_t hb = to_bits(a);
+  float h = from_bits(hb);
+  if (h == a) return nearest;
+  uint16_t lo_b = h < a ? hb : static_cast<uint16_t>(hb - 1);
+  uint16_t hi_b = static_cast<uint16_t>(lo_b + 1);
+  float lo = from_bits(lo_b), hi = from_bits(hi_b);
+  if (!isfinite(hi)) return nearest;
+  double p_hi = (static_cast<double>(a) - lo) / (static_cast<double>(hi) - lo);
+  uint16_t b = static_cast<double>(u) < p_hi ? hi_b : lo_b;
+  return static_cast<uint16_t>(b | sign);
+}
+
+__global__ void adamw_kernel(AdamWList L, AdamWConst c) {
+  int t = find_tensor(L.block_start, L.count);
+  int64_t n = L.n[t], base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  float *p = L.p[t], *m = L.m[t], *v = L.v[t];
+  for (int64_t i = base + threadIdx.x; i < n && i < base + kChunk; i += blockDim.x) {
+    float gi = load_as_f32(L.g[t], i, L.gt[t]);
+    float pi = __fmul_rn(p[i], c.decay);
+    float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
+    float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
+    pi = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    void* cp = L.copy[t];
+    if (cp == nullptr) continue;
+    uint64_t seed = L.seed[t];
+    switch (L.ct[t]) {
+      case DType::BF16:
+        static_cast<uint16_t*>(cp)[i] = seed ? round_stochastic<true>(pi, philox_uniform(seed, 0, i))
+                                             : __bfloat16_as_ushort(__float2bfloat16_rn(pi));
+        break;
+      case DType::F16:
+        static_cast<uint16_t*>(cp)[i] = seed ? round_stochastic<false>(pi, philox_uniform(seed, 0, i))
+                                             : __half_as_ushort(__float2half_rn(pi));
+        break;
+      default: static_cast<float*>(cp)[i] = pi; break;
+    }
+  }
+}
+
+void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels::AdamWHyper& h) {
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  AdamWConst c;
+  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  c.b1 = static_cast<float>(h.beta1);
+  c.b2 = static_cast<float>(h.beta2);
+  c.one_minus_b1 = 1.0f - c.b1;  // float arithmetic, as the CPU's (1 - b1) with C = float
+  c.one_minus_b2 = 1.0f - c.b2;
+  c.step_size = static_cast<float>(h.lr / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.eps = static_cast<float>(h.eps);
+  cudaStream_t s = cuda::current_stream();
+  size_t i = 0;
+  while (i < tensors.size()) {
+    AdamWList L{};
+    int blocks = 0;
+    for (; i < tensors.size() && L.count < kMaxTensors; ++i) {
+      const auto& t = tensors[i];
+      KESTREL_CHECK(t.param.dtype() == DType::F32 && t.m.dtype() == DType::F32 && t.v.dtype() == DType::F32,
+                    "adamw_step", "CUDA AdamW needs f32 master weights and moments, got ", t.param.str());
+      check_cuda_dtype(t.grad.dtype(), "adamw_step");
+      int64_t n = t.param.numel();
+      if (n == 0) continue;
+      int k = L.count++;
+      L.block_start[k] = blocks;
+      blocks += static_cast<int>(ceil_div(n, kChunk));
+      L.p[k] = ptr<float>(t.param);
+      L.m[k] = ptr<float>(t.m);
+      L.v[k] = ptr<float>(t.v);
+      L.g[k] = t.grad.data_ptr();
+      L.gt[k] = t.grad.dtype();
+      L.n[k] = n;
+      L.copy[k] = t.param_copy.defined() ? t.param_copy.data_ptr() : nullptr;
+      L.ct[k] = t.param_copy.defined() ? t.param_copy.dtype() : DType::F32;
+      if (t.param_copy.defined()) check_cuda_dtype(t.param_copy.dtype(), "adamw_step");
+      L.seed[k] = t.stochastic_rounding_seed;
+    }
+    if (L.count == 0) continue;
+    L.block_start[L.count] = blocks;
+    adamw_kernel<<<blocks, kBlock, 0, s>>>(L, c);
+    KESTREL_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// ---- sum of squares / scale ----
+struct PlainList {
+  int count;
+  int block_start[kMaxTensors + 1];
+  void* x[kMaxTensors];
+  int64_t n[kMaxTensors];
+  DType t[kMaxTensors];
+};
+
+// partial[out_base + blockIdx.x] = sum over the block's chunk of x^2 (f64).
+__global__ void sum_squares_kernel(PlainList L, double* partial) {
+  __shared__ double sm[kBlock / 32];
+  int t = find_tensor(L.block_start, L.count);
+  int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  double acc = 0;
+  for (int64_t i = base + threadIdx.x; i < L.n[t] && i < base + kChunk; i += blockDim.x) {
+    double xi = load_as_f32(L.x[t], i, L.t[t]);
+    acc += xi * xi;
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kBlock / 32; ++w) s += sm[w];
+    partial[blockIdx.x] = s;
+  }
+}
+
+// out[0] = sum of partial[0..n) in order (one thread: n is small, a few thousand at most).
+__global__ void ordered_sum_kernel(const double* partial, int64_t n, double* out) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += partial[i];
+  *out = s;
+}
+
+__global__ void scale_kernel(PlainList L, double s) {
+  int t = find_tensor(L.block_start, L.count);
+  int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  for (int64_t i = base + threadIdx.x; i < L.n[t] && i < base + kChunk; i += blockDim.x)
+    store_f32_as(L.x[t], i, L.t[t], static_cast<float>(static_cast<double>(load_as_f32(L.x[t], i, L.t[t])) * s));
+}
+
+// Calls f(list, blocks) for batches of the tensors.
+template <typename F>
+void for_batches(const std::vector<Tensor>& tensors, const char* op, F&& f) {
+  size_t i = 0;
+  while (i < tensors.size()) {
+    PlainList L{};
+    int blocks = 0;
+    for (; i < tensors.size() && L.count < kMaxTensors; ++i) {
+      check_cuda_dtype(tensors[i].dtype(), op);
+      int64_t n = tensors[i].numel();
+      if (n == 0) continue;
+      int k = L.count++;
+      L.block_start[k] = blocks;
+      blocks += static_cast<int>(ceil_div(n, kChunk));
+      L.x[k] = tensors[i].data_ptr();
+      L.n[k] = n;
+      L.t[k] = tensors[i].dtype();
+    }
+    if (L.count == 0) continue;
+    L.block_start[L.count] = blocks;
+    f(L, blocks);
+  }
+}
+
+double sum_squares_cuda(const std::vector<Tensor>& tensors) {
+  int64_t total_blocks = 0;
+  for (const Tensor& t : tensors) total_blocks += ceil_div(t.numel(), kChunk);
+  if (total_blocks == 0) return 0.0;
+  Device dev = tensors.front().device();
+  Tensor partial, out;
+  {
+    TagScope tag(MemoryTag::Workspace);
+    partial = Tensor::empty({total_blocks}, DType::I64, dev);  // f64 partials (8-byte slots)
+    out = Tensor::empty({1}, DType::I64, dev);                  // f64 total
+  }
+  double* pp = static_cast<double*>(partial.data_ptr());
+  cudaStream_t s = cuda::current_stream();
+  int64_t offset = 0;
+  for_batches(tensors, "global_grad_norm", [&](const PlainList& L, int blocks) {
+    sum_squares_kernel<<<blocks, kBlock, 0, s>>>(L, pp + offset);
+    KESTREL_CUDA_CHECK_LAUNCH();
+    offset += blocks;
+  });
+  double* po = static_cast<double*>(out.data_ptr());
+  ordered_sum_kernel<<<1, 1, 0, s>>>(pp, offset, po);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  double host = 0;
+  KESTREL_CUDA_CHECK(cudaMemcpyAsync(&host, po, sizeof(double), cudaMemcpyDeviceToHost, s));
+  KESTREL_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host;
+}
+
+void scale_in_place_cuda(const std::vector<Tensor>& tensors, double sc) {
+  cudaStream_t s = cuda::current_stream();
+  for_batches(tensors, "clip_grad_norm", [&](const PlainList& L, int blocks) {
+    scale_kernel<<<blocks, kBlock, 0, s>>>(L, sc);
+    KESTREL_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+KESTREL_REGISTER_KERNEL(adamw, cuda, adamw_cuda);
+KESTREL_REGISTER_KERNEL(sum_squares, cuda, sum_squares_cuda);
+KESTREL_REGISTER_KERNEL(scale_in_place, cuda, scale_in_place_cuda);
+
+}  // namespace kestrel::cuda_ops
