@@ -1,6 +1,8 @@
 // SigLIP vision tower forward.
 #include "kestrel/models/vision.h"
 
+#include <cmath>
+
 #include "kestrel/ops/activation.h"
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
@@ -19,36 +21,41 @@ VisionTower::VisionTower(const VisionConfig& config, DType dtype, Device device,
   const int64_t P = config_.patch_size, N = config_.num_patches();
   Generator gen(seed);
   const std::string vp = prefix + "vision_model.";
+  // Initialisation as transformers' SiglipPreTrainedModel: patch embedding lecun-normal
+  // (std 1/sqrt(fan_in)), positions std 1/sqrt(E), projections and MLP xavier
+  // (std sqrt(2/(fan_in+fan_out))), norms 1, biases 0. `init` < 0 means normal(0, -init).
   auto add = [&](const std::string& name, Tensor& t, const Shape& shape, double init) {
     t = make_parameter(vp + name, shape, dtype_, device_);
     if (init < 0)
-      init_normal(t, 0.02, gen);
+      init_normal(t, -init, gen);
     else
       init_constant(t, init);
     params_.add(t.name(), &t);
   };
-  add("embeddings.patch_embedding.weight", patch_w_, {E, C, P, P}, -1);
+  const double xavier_ee = -std::sqrt(2.0 / static_cast<double>(E + E));
+  const double xavier_ie = -std::sqrt(2.0 / static_cast<double>(E + I));
+  add("embeddings.patch_embedding.weight", patch_w_, {E, C, P, P}, -1.0 / std::sqrt(static_cast<double>(C * P * P)));
   add("embeddings.patch_embedding.bias", patch_b_, {E}, 0.0);
-  add("embeddings.position_embedding.weight", pos_emb_, {N, E}, -1);
+  add("embeddings.position_embedding.weight", pos_emb_, {N, E}, -1.0 / std::sqrt(static_cast<double>(E)));
   blocks_.resize(config_.num_hidden_layers);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     VisionBlock& B = blocks_[l];
     std::string p = "encoder.layers." + std::to_string(l) + ".";
     add(p + "layer_norm1.weight", B.ln1_w, {E}, 1.0);
     add(p + "layer_norm1.bias", B.ln1_b, {E}, 0.0);
-    add(p + "self_attn.q_proj.weight", B.q_w, {E, E}, -1);
+    add(p + "self_attn.q_proj.weight", B.q_w, {E, E}, xavier_ee);
     add(p + "self_attn.q_proj.bias", B.q_b, {E}, 0.0);
-    add(p + "self_attn.k_proj.weight", B.k_w, {E, E}, -1);
+    add(p + "self_attn.k_proj.weight", B.k_w, {E, E}, xavier_ee);
     add(p + "self_attn.k_proj.bias", B.k_b, {E}, 0.0);
-    add(p + "self_attn.v_proj.weight", B.v_w, {E, E}, -1);
+    add(p + "self_attn.v_proj.weight", B.v_w, {E, E}, xavier_ee);
     add(p + "self_attn.v_proj.bias", B.v_b, {E}, 0.0);
-    add(p + "self_attn.out_proj.weight", B.o_w, {E, E}, -1);
+    add(p + "self_attn.out_proj.weight", B.o_w, {E, E}, xavier_ee);
     add(p + "self_attn.out_proj.bias", B.o_b, {E}, 0.0);
     add(p + "layer_norm2.weight", B.ln2_w, {E}, 1.0);
     add(p + "layer_norm2.bias", B.ln2_b, {E}, 0.0);
-    add(p + "mlp.fc1.weight", B.fc1_w, {I, E}, -1);
+    add(p + "mlp.fc1.weight", B.fc1_w, {I, E}, xavier_ie);
     add(p + "mlp.fc1.bias", B.fc1_b, {I}, 0.0);
-    add(p + "mlp.fc2.weight", B.fc2_w, {E, I}, -1);
+    add(p + "mlp.fc2.weight", B.fc2_w, {E, I}, xavier_ie);
     add(p + "mlp.fc2.bias", B.fc2_b, {E}, 0.0);
   }
   add("post_layernorm.weight", post_ln_w_, {E}, 1.0);

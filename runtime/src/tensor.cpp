@@ -239,8 +239,9 @@ std::vector<float> Tensor::to_float_vector() const {
 }
 
 std::vector<double> Tensor::to_double_vector() const {
-  std::vector<float> f = to_float_vector();
-  return std::vector<double>(f.begin(), f.end());
+  Tensor h = to(Device::cpu()).to(DType::F64).contiguous();
+  const double* p = h.data<double>();
+  return std::vector<double>(p, p + h.numel());
 }
 
 std::vector<int64_t> Tensor::to_int_vector() const {
@@ -252,7 +253,7 @@ std::vector<int64_t> Tensor::to_int_vector() const {
 double Tensor::item() const {
   KESTREL_CHECK(numel() == 1, "item", "tensor ", str(), " has ", numel(), " elements, expected 1");
   if (dtype() == DType::I64 || dtype() == DType::I32) return static_cast<double>(to_int_vector()[0]);
-  return to_float_vector()[0];
+  return to_double_vector()[0];
 }
 
 // ---- autograd fields ----

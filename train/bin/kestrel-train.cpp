@@ -9,6 +9,7 @@
 
 #include "kestrel/models/config.h"
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/memory_budget.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 
@@ -89,6 +90,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(e.samples));
     for (auto& [want, got] : e.examples) std::printf("  expected: %-34s generated: %s\n", want.c_str(), got.c_str());
     return 0;
+  } catch (const OutOfBudget& e) {
+    std::fprintf(stderr, "kestrel-train: out of the memory budget:\n%s\n", e.what());
+    return 3;
   } catch (const Error& e) {
     std::fprintf(stderr, "kestrel-train: error: %s\n", e.what());
     return 1;

@@ -1,8 +1,5 @@
 #include "kestrel/train/train_config.h"
 
-#include <cctype>
-#include <cmath>
-
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::train {
@@ -119,27 +116,6 @@ void apply_override(json& config, const std::string& assignment) {
   json base = config;
   merge(base, patch, "", "--set " + assignment);
   config = base;
-}
-
-int64_t parse_bytes(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  KESTREL_CHECK(i > 0, "memory", "cannot parse a size from '", text, "'; write e.g. 40GiB, 512MiB or 1.5GB");
-  double v = std::stod(text.substr(0, i));
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  double mul = 1;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "KiB") mul = 1024.0;
-  else if (unit == "MiB") mul = 1024.0 * 1024;
-  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB") mul = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB" || unit == "kB") mul = 1e3;
-  else if (unit == "MB") mul = 1e6;
-  else if (unit == "GB") mul = 1e9;
-  else if (unit == "TB") mul = 1e12;
-  else throw make_error("memory", "unknown unit '", unit, "' in '", text, "'; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
-  return static_cast<int64_t>(std::llround(v * mul));
 }
 
 }  // namespace kestrel::train

@@ -18,6 +18,10 @@
 #include "kestrel/models/vlm.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/runtime/accumulate.h"
+#include "kestrel/runtime/memory_budget.h"
+#if KESTREL_WITH_CUDA
+#include "kestrel/runtime/cuda_memory.h"
+#endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
 #include "kestrel/train/optimizer.h"
@@ -83,6 +87,16 @@ struct Trainer::Impl {
     KESTREL_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "train",
                   "precision must be auto, f32, bf16 or f16, got '", prec, "'");
     policy = autograd::parse_recompute_policy(cfg["recompute"]);
+    out_dir = cfg["out_dir"];
+    if (std::string budget = cfg["memory_budget"]; !budget.empty()) {
+      if (device.is_cuda())
+        set_memory_budget(device, parse_bytes(budget));
+      else
+        log("memory_budget " + budget + " applies to CUDA devices; ignored on the CPU");
+    }
+#if KESTREL_WITH_CUDA
+    if (device.is_cuda() && policy == autograd::RecomputePolicy::Offload) cuda::install_offloader(device.index);
+#endif
     if (int t = cfg["threads"]; t > 0) set_num_cpu_threads(t);
     const json& tr = cfg["train"];
     batch_size = tr["batch_size"];
@@ -91,7 +105,6 @@ struct Trainer::Impl {
     grad_clip = tr["grad_clip"];
     KESTREL_CHECK(batch_size > 0 && accum > 0 && total_steps > 0, "train",
                   "train.batch_size, train.grad_accum and train.steps must be positive");
-    out_dir = cfg["out_dir"];
     schedule = LrSchedule{tr["lr"], tr["min_lr"], tr["warmup_steps"], total_steps};
 
     std::string type = cfg["model"]["type"];
@@ -176,7 +189,7 @@ struct Trainer::Impl {
     return line + ")";
   }
 
-  void write_memory_report() const {
+  void write_memory_report(const std::string& oom = "") const {
     MemorySnapshot s = memory_trace(device).snapshot();
     json tags = json::object();
     for (int t = 0; t < kNumMemoryTags; ++t)
@@ -190,7 +203,9 @@ struct Trainer::Impl {
                 {"num_allocs", s.num_allocs},
                 {"num_ooms", s.num_ooms},
                 {"parameters", num_params()},
-                {"optimizer_state_bytes", optim->state_bytes()}};
+                {"optimizer_state_bytes", optim->state_bytes()},
+                {"memory_budget", memory_budget(device)}};
+    if (!oom.empty()) report["out_of_budget"] = oom;
     fs::create_directories(out_dir);
     std::ofstream(out_dir + "/memory_report.json") << report.dump(2) << "\n";
   }
@@ -262,7 +277,17 @@ TrainSummary Trainer::run() {
   const double peak_flops = I.device.is_cuda() ? 989e12 : 0.0;
   while (I.step < I.total_steps) {
     auto t0 = std::chrono::steady_clock::now();
-    auto [loss, gnorm, tokens] = I.train_step();
+    double loss, gnorm;
+    int64_t tokens;
+    try {
+      std::tie(loss, gnorm, tokens) = I.train_step();
+    } catch (const OutOfBudget& e) {
+      // The report goes next to the run; earlier checkpoints stay as they are.
+      I.write_memory_report(e.what());
+      I.log("out of the memory budget at step " + std::to_string(I.step + 1) + "; memory report: " + I.out_dir +
+            "/memory_report.json");
+      throw;
+    }
     synchronize(I.device);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (sum.steps == 0) sum.first_loss = loss;

@@ -19,7 +19,4 @@ nlohmann::json resolve_train_config(const nlohmann::json& user, const std::strin
 // Applies "a.b.c=value" to `config` (the key must exist in the schema unless under model.config).
 void apply_override(nlohmann::json& config, const std::string& assignment);
 
-// "40GiB", "512MiB", "1.5GB", "123" -> bytes. Errors name the text.
-int64_t parse_bytes(const std::string& text);
-
 }  // namespace kestrel::train

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one-call GPU check for the device machine: runs the GPU test binaries, the quickstart on the
+# GPU, the comparison with Hugging Face transformers, and the benchmarks next to PyTorch; writes
+# logs under $OUT and prints a summary table last.
+#
+# usage: tools/gpu-check.sh BIN_DIR [tests|full]
+#   BIN_DIR holds libkestrel.so, the test/bench binaries, kestrel-train and kestrel-grad (built on a
+#   machine with nvcc: tools/gpu-build.sh). "tests" skips the benchmarks.
+set -u
+cd "$(dirname "$0")/.."
+B=$(realpath "${1:-.carry}")
+MODE=${2:-full}
+OUT=${OUT:-/tmp/kestrel-gpu-check}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+
+names=()
+codes=()
+secs=()
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s.%N)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  local t1=$(date +%s.%N)
+  names+=("$name")
+  codes+=("$rc")
+  secs+=("$(echo "$t1 - $t0" | bc)")
+  echo "== $name: exit $rc"
+  tail -n 4 "$OUT/$name.log"
+}
+
+for t in test_runtime_cuda test_ops_cuda test_models_cuda; do
+  [ -x "$B/$t" ] && step "$t" 240 "$B/$t" --gtest_brief=1
+done
+step quickstart_gpu 120 "$B/kestrel-train" --config configs/quickstart_vlm.json --set out_dir="$OUT/quickstart" \
+  --set device=cuda
+step compare_hf 120 python3 tools/compare_hf.py --kestrel-grad "$B/kestrel-grad" --out "$OUT/compare_hf"
+
+if [ "$MODE" = full ]; then
+  step bench_flash_attention 150 "$B/bench_flash_attention"
+  step torch_attention 150 python3 bench/attention_vs_torch.py
+  step bench_fused_ce 120 "$B/bench_fused_linear_cross_entropy"
+  step torch_fused_ce 120 python3 bench/fused_ce_vs_torch.py
+  step bench_ops 120 "$B/bench_ops"
+  step torch_ops 120 python3 bench/ops_vs_torch.py
+  step bench_cuda_runtime 120 "$B/bench_cuda_runtime" "$OUT/alloc_trace.txt"
+  step torch_alloc_trace 120 python3 bench/alloc_trace_vs_torch.py "$OUT/alloc_trace.txt"
+fi
+
+echo
+echo "== summary ($(cat "$OUT/gpu.txt"))"
+printf '%-26s %6s %8s\n' step exit seconds
+for i in "${!names[@]}"; do printf '%-26s %6s %8.1f\n' "${names[$i]}" "${codes[$i]}" "${secs[$i]}"; done
+grep -h -E "held-out captions|trained [0-9]+ steps" "$OUT/quickstart_gpu.log" 2>/dev/null
+tail -n 6 "$OUT/compare_hf.log" 2>/dev/null
