@@ -18,7 +18,9 @@ kestrel_setup_deps() {
   if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH=/usr/local/cuda/bin:$PATH
   fi
-  if command -v nvcc >/dev/null 2>&1; then
+  if [ -n "${KESTREL_CUDA:-}" ]; then
+    KESTREL_CUDA_FLAG=$KESTREL_CUDA  # explicit choice (e.g. KESTREL_CUDA=OFF for a quick CPU-only build)
+  elif command -v nvcc >/dev/null 2>&1; then
     KESTREL_CUDA_FLAG=ON
   else
     KESTREL_CUDA_FLAG=OFF

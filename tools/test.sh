@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything (CUDA code too where nvcc exists) and runs every test through ctest.
-# GPU tests skip cleanly on machines without a GPU. Usage: tools/test.sh [extra ctest args]
+# GPU tests skip cleanly on machines without a GPU. Then checks the installed package with the consumer
+# project in tests/consumer. Usage: tools/test.sh [extra ctest args]
+# Environment: KESTREL_BUILD_DIR (default build), KESTREL_CUDA=ON|OFF (default: ON when nvcc exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup_deps.sh
@@ -8,3 +10,6 @@ kestrel_setup_deps
 BUILD_DIR=${KESTREL_BUILD_DIR:-build}
 kestrel_configure_and_build "$BUILD_DIR" -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=ON
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
+# The installable package: install into a temporary prefix, build and run tests/consumer against it
+# (find_package and pkg-config). Reuses the build above; only the tiny consumer is compiled.
+bash tests/consumer/check_package.sh "$BUILD_DIR"

@@ -10,6 +10,7 @@
 #include "cuda/flash_attention.h"
 #include "cuda/flash_attention_launch.cuh"
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/log.h"
 
 namespace kestrel::cuda {
 namespace fa {
@@ -37,10 +38,8 @@ int padded_head_dim(int head_dim) {
   const int padded = head_dim < 64 ? 64 : head_dim < 128 ? 128 : 256;
   static std::atomic<bool> announced{false};
   if (!announced.exchange(true))
-    std::fprintf(stderr,
-                 "[flash_attention] head_dim %d runs the zero-padded head_dim-%d kernels (slower path; "
-                 "64 and 128 are the fast path)\n",
-                 head_dim, padded);
+    log_to(LogLevel::Info, "flash_attention", "head_dim ", head_dim, " runs the zero-padded head_dim-", padded,
+           " kernels (slower path; 64 and 128 are the fast path)");
   return padded;
 }
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Checks the installable package of an already built tree, without rebuilding the library:
+#   1. cmake --install BUILD_DIR into a temporary prefix, then moves the prefix (relocatable?);
+#   2. configures, builds and runs tests/consumer against it with find_package(kestrel CONFIG);
+#   3. compiles and runs minimal.cpp (README's example) with only `pkg-config --cflags --libs kestrel`.
+# Fails (non-zero) when any step fails. Usage: tests/consumer/check_package.sh BUILD_DIR
+set -euo pipefail
+build_dir=$(cd "${1:?usage: check_package.sh BUILD_DIR}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kestrel-package.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+echo "[package] installing $build_dir into a temporary prefix"
+cmake --install "$build_dir" --prefix "$tmp/staged" >"$tmp/install.log"
+mv "$tmp/staged" "$tmp/prefix"  # consumers must work from wherever the tree ends up
+prefix=$tmp/prefix
+lib=$(dirname "$(find "$prefix" -name libkestrel.so -print -quit)")
+echo "[package] $(find "$prefix" -type f | wc -l) files; libkestrel.so RUNPATH: $(readelf -d "$lib/libkestrel.so" | sed -n 's/.*R\(UN\)\?PATH.*\[\(.*\)\]/\2/p')"
+if find "$prefix/include" -name '*.h' -print0 | xargs -0 grep -l '#include "\(cpu\|cuda\|src\)/' | grep .; then
+  echo "[package] installed headers include private headers"; exit 1
+fi
+
+echo "[package] consumer via find_package(kestrel CONFIG)"
+cmake -S "$here" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" ||
+  { cat "$tmp/configure.log"; exit 1; }
+grep -- "-- kestrel" "$tmp/configure.log" || true
+cmake --build "$tmp/consumer"
+"$tmp/consumer/kestrel_consumer"
+
+echo "[package] consumer via pkg-config"
+export PKG_CONFIG_PATH=$lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+flags=$(pkg-config --cflags --libs kestrel)
+echo "pkg-config --cflags --libs kestrel: $flags"
+# shellcheck disable=SC2086
+${CXX:-c++} -std=c++20 -O1 "$here/minimal.cpp" -o "$tmp/minimal" $flags -Wl,-rpath,"$lib"
+"$tmp/minimal"
+echo "[package] ok"
