@@ -1,16 +1,21 @@
 // The embedding smoke test: a program built against the installed Kestrel package trains a two-layer
-// network and a tiny Llama decoder for a few AdamW steps through the public API — on the CPU, and on
-// the first GPU too when one is visible (with the application's own CUDA stream and a memory budget)
-// — printing the losses and the memory statistics. Exit 1 when a loss does not fall, 2 on a
+// network and a tiny Llama decoder for a few AdamW steps through the public API, then runs the
+// config-driven Trainer in-process on a tiny VLM — on the CPU, and on the first GPU too when one is
+// visible (with the application's own CUDA stream and a memory budget) — printing the losses and the
+// memory statistics. Exit 1 when a loss does not fall, 2 on a
 // kestrel::Error, so CI catches a broken package, a broken header set or a broken training path.
 #include <kestrel/kestrel.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #if CONSUMER_OWNS_CUDA_STREAM
 #include <cuda_runtime.h>
@@ -123,10 +128,36 @@ Losses train_decoder(Device device, DType dtype, int steps) {
   return l;
 }
 
-bool run_on(Device device) {
+// The config-driven trainer loop in-process: a tiny VLM on the shapes data for a few steps, with the
+// caller's device and memory budget in the config and its log lines routed to the app's logger.
+Losses run_trainer(Device device, const std::string& out_dir) {
+  nlohmann::json text = {{"model_type", "qwen2"}, {"vocab_size", 260}, {"hidden_size", 32},
+                         {"intermediate_size", 64}, {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2}, {"max_position_embeddings", 128}, {"tie_word_embeddings", true}};
+  nlohmann::json vision = {{"model_type", "siglip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
+                           {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_channels", 3},
+                           {"image_size", 16}, {"patch_size", 4}};
+  nlohmann::json user = {
+      {"model", {{"type", "vlm"},
+                 {"config", {{"model_type", "kestrel_vlm"}, {"image_token_id", 259}, {"pixel_shuffle_factor", 2},
+                             {"projector_hidden_size", 32}, {"vision_config", vision}, {"text_config", text}}}}},
+      {"data", {{"type", "shapes"}, {"image_size", 16}, {"seed", 3}}},
+      {"train", {{"steps", 8}, {"batch_size", 4}, {"lr", 1e-2}, {"min_lr", 1e-3}, {"warmup_steps", 0}}},
+      {"device", device.str()},
+      {"memory_budget", device.is_cuda() ? "2GiB" : ""},
+      {"log_every", 4},
+      {"out_dir", out_dir}};
+  train::Trainer trainer(train::resolve_train_config(user, "consumer"));
+  trainer.set_log_callback([](const std::string& line) { log_message(LogLevel::Info, "train", line); });
+  train::TrainSummary sum = trainer.run();
+  return {sum.first_loss, sum.last_loss};
+}
+
+bool run_on(Device device, const std::string& tmp) {
   memory_trace(device).reset_peaks();
   bool ok = fell("mlp", device, train_mlp(device, 40));
   ok = fell("decoder", device, train_decoder(device, device.is_cuda() ? DType::BF16 : DType::F32, 30)) && ok;
+  ok = fell("trainer", device, run_trainer(device, tmp + "/trainer_" + (device.is_cuda() ? "cuda" : "cpu"))) && ok;
   synchronize(device);
   MemorySnapshot s = memory_stats(device);
   std::printf("memory stats %s: peak in use %lld B, parameters peak %lld B, optimizer state peak %lld B\n",
@@ -158,7 +189,8 @@ int main() {
       std::printf("caught kestrel::Error: %s\n", e.what());
     }
 
-    bool ok = run_on(Device::cpu());
+    const std::string tmp = (std::filesystem::temp_directory_path() / ("kestrel_consumer_" + std::to_string(::getpid()))).string();
+    bool ok = run_on(Device::cpu(), tmp);
     if (cuda_available()) {
       Device gpu = Device::cuda(0);
       set_memory_budget(gpu, parse_bytes("4GiB"));
@@ -170,16 +202,17 @@ int main() {
       }
       {
         StreamScope on_app_stream(gpu, static_cast<StreamHandle>(stream));
-        ok = run_on(gpu) && ok;
+        ok = run_on(gpu, tmp) && ok;
       }
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
 #else
-      ok = run_on(gpu) && ok;
+      ok = run_on(gpu, tmp) && ok;
 #endif
     } else {
       std::printf("no CUDA device: GPU part skipped\n");
     }
+    std::filesystem::remove_all(tmp);
     std::printf("log callback received %d line(s)\n", g_log_lines.load());
     if (g_log_lines.load() == 0) ok = false;
     std::printf("%s\n", ok ? "consumer: all losses fell" : "consumer: FAILED");
