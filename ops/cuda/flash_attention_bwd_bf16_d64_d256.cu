@@ -2,6 +2,6 @@
 #include "cuda/flash_attention_bwd_kernel.cuh"
 
 namespace kestrel::cuda::fa {
-template void launch_bwd<__nv_bfloat16, 64>(const BwdArgs&, cudaStream_t);
-template void launch_bwd<__nv_bfloat16, 256>(const BwdArgs&, cudaStream_t);
+template void launch_bwd_v2<__nv_bfloat16, 64>(const BwdArgs&, cudaStream_t);
+template void launch_bwd_v2<__nv_bfloat16, 256>(const BwdArgs&, cudaStream_t);
 }  // namespace kestrel::cuda::fa

@@ -1,4 +1,6 @@
-// Flash attention backward kernel (FA2): one block per (key tile, KV head x column chunk, document).
+// Flash attention backward kernel (FA2, "v2" in bench/notes/flash_attention.md): one block per (key
+// tile, KV head x column chunk, document). Runs head dims 64 and 256 (and 128 with KESTREL_FA_BWD=v2;
+// the default at 128 is flash_attention_bwd_tiled_kernel.cuh).
 //
 // Each warp owns 16 keys of the tile and keeps their dK, dV rows (kDC columns) in f32 registers
 // for the whole kernel. The block loops over every query head of its GQA group and every query
@@ -261,7 +263,7 @@ void launch_bwd_cfg(const BwdArgs& a, cudaStream_t stream) {
 }
 
 template <typename T, int kD>
-void launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream) {
   using Tr = BwdTraits<kD>;
   launch_bwd_cfg<T, kD, Tr::kBc, Tr::kBr, Tr::kDC>(a, stream);
 }

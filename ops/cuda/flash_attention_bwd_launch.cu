@@ -2,6 +2,8 @@
 // (delta = rowsum(dO * O), lse in log2 units transposed to [Hq, total_q], zeroed f32 dq
 // accumulator), the main per-key-tile kernel, and the dq f32 -> bf16/f16 conversion.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,6 +37,14 @@ size_t workspace_layout(const FlashAttentionParams& p, int total_q, void* base, 
     ws->delta = reinterpret_cast<float*>(b + b_acc + b_row);
   }
   return b_acc + 2 * b_row;
+}
+
+// Head dim 128 runs the 2-D-tiled backward (flash_attention_bwd_tiled_kernel.cuh) unless
+// KESTREL_FA_BWD=v2 asks for the 16-keys-per-warp kernel (A/B runs; read on every call). Head dims
+// 64 and 256 always run the latter: it measured faster at 64 (bench/notes/flash_attention.md).
+bool bwd_use_v2() {
+  const char* e = std::getenv("KESTREL_FA_BWD");
+  return e && std::strcmp(e, "v2") == 0;
 }
 
 // One warp per (token, head) row; lane l covers columns [8l, 8l + 8).
@@ -100,9 +110,12 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   BwdArgs a{p, bp.dout, bp.dk, bp.dv, ws.dq_accum, ws.lse2, ws.delta, total_q};
   if (p.num_docs > 0 && p.max_seqlen_k > 0) {
     switch (padded_head_dim(p.head_dim)) {
-      case 64: launch_bwd<T, 64>(a, stream); break;
-      case 128: launch_bwd<T, 128>(a, stream); break;
-      default: launch_bwd<T, 256>(a, stream); break;
+      case 64: launch_bwd_v2<T, 64>(a, stream); break;
+      case 128:
+        if (bwd_use_v2()) launch_bwd_v2<T, 128>(a, stream);
+        else launch_bwd_tiled<T, 128>(a, stream);
+        break;
+      default: launch_bwd_v2<T, 256>(a, stream); break;
     }
   }
   const int64_t n8 = rows * p.head_dim / 8;

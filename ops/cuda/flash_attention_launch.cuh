@@ -49,6 +49,8 @@ int padded_head_dim(int head_dim);
 template <typename T, int kD>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T, int kD>
-void launch_bwd(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream);     // 16 keys per warp (all head dims)
+template <typename T, int kD>
+void launch_bwd_tiled(const BwdArgs& a, cudaStream_t stream);  // 2-D warp tiles (instantiated: kD 128)
 
 }  // namespace kestrel::cuda::fa

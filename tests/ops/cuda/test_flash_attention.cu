@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -469,6 +470,24 @@ TEST(FlashAttentionCuda, LargeShapesMatchNaiveGpu) {
   run_case(single(1000, 4, 4, 72, false, BF), false, seed++);  // SigLIP so400m head dim
   run_case(single(1000, 4, 2, 72, true, F16), false, seed++);
   run_case(single(777, 2, 2, 256, true, BF), false, seed++);
+}
+
+// The other tests run the default backward kernels (2-D tiles at head dim 128, 16 keys per warp at
+// 64); this one also runs the 16-keys-per-warp kernel at 128, which KESTREL_FA_BWD=v2 selects.
+TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 300;
+  for (const char* kind : {"v2"}) {
+    ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
+    std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
+    for (bool causal : {true, false}) {
+      run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
+      run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
+      run_case(Case{{1000, 1, 300}, {1000, 1, 300}, 4, 1, 64, causal, BF}, false, seed++);
+      run_case(single(700, 4, 2, 128, causal, BF), false, seed++);
+    }
+  }
+  unsetenv("KESTREL_FA_BWD");
 }
 
 TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
