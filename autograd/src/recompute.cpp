@@ -8,6 +8,7 @@
 #include "capture.h"
 #include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
+#include "kestrel/runtime/memory_trace.h"
 
 namespace kestrel::autograd {
 
@@ -63,8 +64,26 @@ std::unique_ptr<OffloadHandle> offload(const Tensor& t) {
   return f ? f(t) : std::make_unique<KeepHandle>(t);
 }
 
+namespace {
+// The device whose memory trace gets the region's phase markers (that of the first input).
+Device region_device(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined()) return t.device();
+  return Device::cpu();
+}
+}  // namespace
+
+// Every region marks phases "region:<name>:forward" / "region:<name>:backward" on the trace and
+// labels its allocations with its name, so the profiler can give peaks per region. The backward
+// re-run allocates under the Activation tag (those are activations, recomputed), its gradients
+// under the caller's tag.
 std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inputs, const RecomputeOptions& options) {
-  if (options.policy == RecomputePolicy::None || !grad_enabled()) return fn(inputs);
+  const Device dev = region_device(inputs);
+  MemoryLabelScope label(options.name, /*nested=*/false);
+  if (options.policy == RecomputePolicy::None || !grad_enabled()) {
+    PhaseScope phase(dev, "region:" + options.name + ":forward");
+    return fn(inputs);
+  }
 
   // Forward without recording; note the leaves the region touches.
   std::vector<std::shared_ptr<AutogradMeta>> leaves;
@@ -73,6 +92,7 @@ std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inp
     auto* saved_capture = detail::leaf_capture();
     detail::leaf_capture() = &leaves;
     NoGradGuard no_grad;
+    PhaseScope phase(dev, "region:" + options.name + ":forward");
     try {
       outputs = fn(inputs);
     } catch (...) {
@@ -105,7 +125,9 @@ std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inp
     }
   }
 
-  BackwardFn bw = [fn, saved](const std::vector<Tensor>& grad_outputs) {
+  BackwardFn bw = [fn, saved, dev, name = options.name](const std::vector<Tensor>& grad_outputs) {
+    MemoryLabelScope label(name, /*nested=*/false);
+    PhaseScope phase(dev, "region:" + name + ":backward");
     std::vector<Tensor> inner_inputs;
     for (size_t i = 0; i < saved->handles.size(); ++i) {
       if (!saved->handles[i]) {
@@ -122,6 +144,7 @@ std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inp
     std::vector<Tensor> outs;
     {
       EnableGradGuard grad_on;
+      TagScope tag(MemoryTag::Activation);
       outs = fn(inner_inputs);
     }
     KESTREL_CHECK(outs.size() == grad_outputs.size(), "recompute",

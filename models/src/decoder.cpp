@@ -63,22 +63,30 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
   if (lm_head_.defined()) params_.add(lm_head_.name(), &lm_head_);
 }
 
-Tensor Decoder::embed(const Tensor& ids) const { return embedding(embed_tokens_, ids); }
+Tensor Decoder::embed(const Tensor& ids) const {
+  MemoryLabelScope label("decoder.embed");
+  return embedding(embed_tokens_, ids);
+}
 
 Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& batch) const {
   const DecoderLayer& L = layers_[index];
   const int64_t T = h.shape()[0];
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
-  Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
-  Tensor q = reshape(linear(x, L.q_proj, L.q_bias), {T, Hq, D});
-  Tensor k = reshape(linear(x, L.k_proj, L.k_bias), {T, Hkv, D});
-  Tensor v = reshape(linear(x, L.v_proj, L.v_bias), {T, Hkv, D});
-  q = rope(q, batch.positions, config_.rope_theta);
-  k = rope(k, batch.positions, config_.rope_theta);
-  AttentionOptions opts;
-  opts.causal = true;
-  Tensor a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);  // [T, Hq, D]
-  Tensor attn_out = linear(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias);
+  Tensor attn_out;
+  {
+    MemoryLabelScope label("attn");  // allocation attribution for the memory profiler
+    Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
+    Tensor q = reshape(linear(x, L.q_proj, L.q_bias), {T, Hq, D});
+    Tensor k = reshape(linear(x, L.k_proj, L.k_bias), {T, Hkv, D});
+    Tensor v = reshape(linear(x, L.v_proj, L.v_bias), {T, Hkv, D});
+    q = rope(q, batch.positions, config_.rope_theta);
+    k = rope(k, batch.positions, config_.rope_theta);
+    AttentionOptions opts;
+    opts.causal = true;
+    Tensor a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);  // [T, Hq, D]
+    attn_out = linear(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias);
+  }
+  MemoryLabelScope label("mlp");
   auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
   Tensor m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
   return add(h2, m);
@@ -96,10 +104,12 @@ Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd
         [this, batch, l](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_forward(l, in[0], batch)}; },
                             {h}, ro)[0];
   }
+  MemoryLabelScope label("decoder.norm");
   return rms_norm(h, norm_, config_.rms_norm_eps);
 }
 
 Tensor Decoder::loss(const Tensor& hidden, const Tensor& labels, const CrossEntropyOptions& options) const {
+  MemoryLabelScope label("decoder.lm_head_loss");
   return fused_linear_cross_entropy(hidden, lm_head_weight(), labels, Tensor(), options);
 }
 

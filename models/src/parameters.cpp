@@ -51,6 +51,7 @@ void ParameterList::zero_grad() const {
 
 Tensor make_parameter(const std::string& name, const Shape& shape, DType dtype, Device device) {
   TagScope tag(MemoryTag::Parameter);
+  MemoryLabelScope label(name, /*nested=*/false);  // the profiler names parameters by their HF name
   Tensor t = Tensor::empty(shape, dtype, device);
   t.set_requires_grad(true).set_name(name);
   return t;

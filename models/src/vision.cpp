@@ -66,14 +66,19 @@ Tensor VisionTower::block_forward(int index, const Tensor& x, const Tensor& cu_s
   const VisionBlock& B = blocks_[index];
   const int64_t T = x.shape()[0], E = config_.hidden_size, H = config_.num_attention_heads, D = config_.head_dim();
   const double eps = config_.layer_norm_eps;
-  Tensor y = layer_norm(x, B.ln1_w, B.ln1_b, eps);
-  Tensor q = reshape(linear(y, B.q_w, B.q_b), {T, H, D});
-  Tensor k = reshape(linear(y, B.k_w, B.k_b), {T, H, D});
-  Tensor v = reshape(linear(y, B.v_w, B.v_b), {T, H, D});
-  AttentionOptions opts;
-  opts.causal = false;
-  Tensor a = attention(q, k, v, cu_seqlens, n, opts);
-  Tensor h = add(x, linear(reshape(a, {T, E}), B.o_w, B.o_b));
+  Tensor h;
+  {
+    MemoryLabelScope label("attn");  // allocation attribution for the memory profiler
+    Tensor y = layer_norm(x, B.ln1_w, B.ln1_b, eps);
+    Tensor q = reshape(linear(y, B.q_w, B.q_b), {T, H, D});
+    Tensor k = reshape(linear(y, B.k_w, B.k_b), {T, H, D});
+    Tensor v = reshape(linear(y, B.v_w, B.v_b), {T, H, D});
+    AttentionOptions opts;
+    opts.causal = false;
+    Tensor a = attention(q, k, v, cu_seqlens, n, opts);
+    h = add(x, linear(reshape(a, {T, E}), B.o_w, B.o_b));
+  }
+  MemoryLabelScope label("mlp");
   Tensor z = layer_norm(h, B.ln2_w, B.ln2_b, eps);
   z = linear(gelu(linear(z, B.fc1_w, B.fc1_b), /*tanh_approx=*/config_.hidden_act == "gelu_pytorch_tanh"), B.fc2_w,
              B.fc2_b);
@@ -87,9 +92,13 @@ Tensor VisionTower::forward(const Tensor& pixel_values, autograd::RecomputePolic
                 "vision", "images must be ", config_.image_size, "x", config_.image_size, ", got ",
                 pixel_values.str());
   const int64_t Bn = pixel_values.shape()[0], N = config_.num_patches(), E = config_.hidden_size;
-  Tensor x = patch_embed(cast(pixel_values, dtype_), patch_w_, patch_b_, config_.patch_size);  // [B, N, E]
-  x = add(x, pos_emb_);  // broadcast over images
-  x = reshape(x, {Bn * N, E});
+  Tensor x;
+  {
+    MemoryLabelScope label("vision.embed");
+    x = patch_embed(cast(pixel_values, dtype_), patch_w_, patch_b_, config_.patch_size);  // [B, N, E]
+    x = add(x, pos_emb_);  // broadcast over images
+    x = reshape(x, {Bn * N, E});
+  }
   std::vector<int64_t> cu(Bn + 1);
   for (int64_t b = 0; b <= Bn; ++b) cu[b] = b * N;
   Tensor cu_seqlens = Tensor::from_vector(cu, {Bn + 1}, DType::I32, device_);
@@ -101,6 +110,7 @@ Tensor VisionTower::forward(const Tensor& pixel_values, autograd::RecomputePolic
         },
         {x}, ro)[0];
   }
+  MemoryLabelScope label("vision.post_layernorm");
   return layer_norm(x, post_ln_w_, post_ln_b_, config_.layer_norm_eps);
 }
 

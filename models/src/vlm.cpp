@@ -43,7 +43,7 @@ Tensor Vlm::image_embeddings(const Tensor& pixel_values, autograd::RecomputePoli
   const int64_t B = pixel_values.shape()[0], S = config_.vision_config.patches_per_side();
   const int64_t s = config_.pixel_shuffle_factor, E = config_.vision_config.hidden_size;
   Tensor v = vision_.forward(pixel_values, policy);  // [B*S*S, E]
-  // Pixel shuffle: each s x s neighbourhood of patches becomes one token of width s*s*E.
+  MemoryLabelScope label("projector");  // Pixel shuffle: each s x s neighbourhood of patches becomes one token of width s*s*E.
   Tensor g = reshape(v, {B, S / s, s, S / s, s, E});
   g = permute(g, {0, 1, 3, 2, 4, 5});
   g = reshape(contiguous(g), {B * (S / s) * (S / s), s * s * E});
@@ -57,6 +57,7 @@ Tensor Vlm::hidden(const VlmBatch& batch, autograd::RecomputePolicy policy) cons
     KESTREL_CHECK(batch.image_positions.numel() == img.shape()[0], "vlm", "batch has ",
                   batch.image_positions.numel(), " image-token slots for ", img.shape()[0], " image embeddings (",
                   config_.image_tokens_per_image(), " per image)");
+    MemoryLabelScope label("splice");
     embeds = splice_rows(embeds, batch.image_positions, img);
   }
   return decoder_.forward(embeds, batch.layout, policy);

@@ -46,7 +46,7 @@ void MemoryTrace::on_alloc(MemoryTag tag, int64_t bytes, const void* address) {
   s_.in_use += bytes;
   if (s_.in_use > s_.peak_in_use) s_.peak_in_use = s_.in_use;
   s_.num_allocs += 1;
-  log(MemoryEventKind::Alloc, tag, bytes, address, {});
+  if (logging_) log(MemoryEventKind::Alloc, tag, bytes, address, current_memory_label());
 }
 
 void MemoryTrace::on_free(MemoryTag tag, int64_t bytes, const void* address) {
@@ -88,7 +88,7 @@ void MemoryTrace::on_retry() {
 void MemoryTrace::on_oom(int64_t requested) {
   std::lock_guard<std::mutex> lock(mu_);
   s_.num_ooms += 1;
-  log(MemoryEventKind::Oom, current_memory_tag(), requested, nullptr, {});
+  log(MemoryEventKind::Oom, current_memory_tag(), requested, nullptr, logging_ ? current_memory_label() : std::string());
 }
 
 void MemoryTrace::on_spill(int64_t bytes, bool restore) {

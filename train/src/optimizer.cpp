@@ -9,6 +9,7 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options) : option
   TagScope tag(MemoryTag::OptimizerState);
   for (auto& [name, p] : params.items()) {
     Slot s{name, p, Tensor(), Tensor(), Tensor()};
+    MemoryLabelScope label("adamw." + name, /*nested=*/false);
     if (p->dtype() != DType::F32) s.master = p->to(DType::F32).clone();
     s.m = Tensor::zeros(p->shape(), DType::F32, p->device());
     s.v = Tensor::zeros(p->shape(), DType::F32, p->device());

@@ -24,6 +24,7 @@
 #endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
+#include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/schedule.h"
 #include "kestrel/train/vlm_data.h"
@@ -75,6 +76,10 @@ struct Trainer::Impl {
   int64_t batch_size, accum, total_steps;
   double grad_clip;
   std::string out_dir;
+  // The trace's event log: kept per step (cleared when a step starts) so an OutOfBudget report
+  // has the failing step's timeline; a profiler that owns the log turns the clearing off.
+  bool memory_profiling = false;
+  MemorySnapshot log_start;
   std::function<void(const std::string&)> log = [](const std::string& s) { std::printf("%s\n", s.c_str()); std::fflush(stdout); };
 
   explicit Impl(const json& c) : cfg(c) {
@@ -145,9 +150,17 @@ struct Trainer::Impl {
     Device dev = device;
     double loss_sum = 0;
     int64_t tokens = 0;
+    if (!memory_profiling) {
+      memory_trace(dev).clear_events();
+      log_start = memory_trace(dev).snapshot();
+    }
     for (int64_t m = 0; m < accum; ++m) {
       uint64_t first = static_cast<uint64_t>((step * accum + m) * batch_size);
-      models::VlmBatch b = data->batch(first, batch_size);
+      models::VlmBatch b;
+      {
+        MemoryLabelScope label("data");
+        b = data->batch(first, batch_size);
+      }
       tokens += b.input_ids.numel();
       Tensor loss;
       {
@@ -158,6 +171,7 @@ struct Trainer::Impl {
       {
         PhaseScope ph(dev, "backward");
         TagScope tag(MemoryTag::Gradient);
+        MemoryLabelScope label("backward");
         Tensor seed = Tensor::full(loss.shape(), 1.0 / static_cast<double>(accum), loss.dtype(), loss.device());
         autograd::backward({loss}, {seed});
       }
@@ -167,6 +181,7 @@ struct Trainer::Impl {
     {
       PhaseScope ph(dev, "optimizer");
       TagScope tag(MemoryTag::OptimizerState);
+      MemoryLabelScope label("optimizer");
       std::vector<Tensor> grads;
       for (auto& [name, p] : vlm->parameters().items())
         if (p->grad().defined()) grads.push_back(p->grad());
@@ -208,6 +223,14 @@ struct Trainer::Impl {
     if (!oom.empty()) report["out_of_budget"] = oom;
     fs::create_directories(out_dir);
     std::ofstream(out_dir + "/memory_report.json") << report.dump(2) << "\n";
+    if (!oom.empty()) {
+      // The full profile of the failing step (memory.json + memory.html), as kestrel-mem writes it.
+      ProfileOptions po;
+      po.budget = memory_budget(device);
+      MemoryProfile p = analyze_memory(memory_trace(device).events(), log_start, s, po);
+      p.meta = {{"source", "kestrel-train OutOfBudget"}, {"step", step + 1}, {"out_of_budget", oom}};
+      write_memory_profile(p, out_dir);
+    }
   }
 
   EvalResult evaluate() {
@@ -244,6 +267,7 @@ struct Trainer::Impl {
 Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config)) {}
 Trainer::~Trainer() = default;
 void Trainer::set_log_callback(std::function<void(const std::string&)> cb) { impl_->log = std::move(cb); }
+void Trainer::set_memory_profiling(bool on) { impl_->memory_profiling = on; }
 Device Trainer::device() const { return impl_->device; }
 EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 
@@ -273,6 +297,7 @@ TrainSummary Trainer::run() {
   TrainSummary sum;
   auto t_run = std::chrono::steady_clock::now();
   memory_trace(I.device).reset_peaks();
+  if (!I.memory_profiling) memory_trace(I.device).set_event_logging(true, 1u << 21);
   // Peak FLOP rate for MFU: H100/H200 dense bf16 (989 TFLOP/s) on CUDA; none on the CPU.
   const double peak_flops = I.device.is_cuda() ? 989e12 : 0.0;
   while (I.step < I.total_steps) {
@@ -285,7 +310,8 @@ TrainSummary Trainer::run() {
       // The report goes next to the run; earlier checkpoints stay as they are.
       I.write_memory_report(e.what());
       I.log("out of the memory budget at step " + std::to_string(I.step + 1) + "; memory report: " + I.out_dir +
-            "/memory_report.json");
+            "/memory_report.json, profile: " + I.out_dir + "/memory.html");
+      if (!I.memory_profiling) memory_trace(I.device).set_event_logging(false);
       throw;
     }
     synchronize(I.device);
@@ -322,6 +348,10 @@ TrainSummary Trainer::run() {
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
   (void)tr;
+  if (!I.memory_profiling) {
+    memory_trace(I.device).set_event_logging(false);
+    memory_trace(I.device).clear_events();
+  }
   I.write_memory_report();
   sum.memory_report_path = I.out_dir + "/memory_report.json";
   return sum;

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace kestrel {
@@ -43,6 +44,26 @@ class TagScope {
 
  private:
   MemoryTag saved_;
+};
+
+// Who allocates: a thread-local dotted label ("decoder.layer.3.mlp") that the memory trace attaches
+// to alloc events when event logging is on. Scopes nest by appending ".name" (or replace the label
+// when `nested` is false, as recompute regions do: their backward re-run happens outside the
+// model's scopes). Entering a scope appends to one thread-local string, so it costs a few
+// nanoseconds whether or not anything is logged.
+const std::string& current_memory_label();
+
+class MemoryLabelScope {
+ public:
+  explicit MemoryLabelScope(std::string_view name, bool nested = true);
+  ~MemoryLabelScope();
+  MemoryLabelScope(const MemoryLabelScope&) = delete;
+  MemoryLabelScope& operator=(const MemoryLabelScope&) = delete;
+
+ private:
+  size_t saved_size_ = 0;
+  std::string saved_;  // the whole previous label, only when not nested
+  bool nested_;
 };
 
 }  // namespace kestrel

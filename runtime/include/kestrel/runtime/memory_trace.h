@@ -38,7 +38,7 @@ struct MemoryEvent {
   int64_t in_use_after = 0;    // bytes in use (all tags) after the event
   int64_t reserved_after = 0;  // bytes reserved after the event
   const void* address = nullptr;
-  std::string label;           // phase name, or the op that allocated
+  std::string label;           // phase name, or the allocating MemoryLabelScope label (alloc, oom)
 };
 
 struct MemorySnapshot {

@@ -43,6 +43,10 @@ class Trainer {
   // Called with every log line (the binary prints them; embedders may route them elsewhere).
   void set_log_callback(std::function<void(const std::string&)> cb);
   Device device() const;
+  // True when the caller owns the device trace's event log (kestrel-mem profile): the trainer then
+  // neither switches logging on nor clears the log at each step (it does both by default, so an
+  // OutOfBudget writes memory.json + memory.html of the failing step into out_dir).
+  void set_memory_profiling(bool on);
 
  private:
   struct Impl;

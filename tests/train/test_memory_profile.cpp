@@ -1,0 +1,214 @@
+// Memory profiling and planning on the CPU: the plan agrees with a profiled run per tag (within
+// 10%) on the quickstart VLM and on a smaller one (recompute on and off), memory.json carries every
+// field its header documents with the right type, and memory.html holds the data and the chart.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kestrel/models/config.h"
+#include "kestrel/runtime/memory_trace.h"
+#include "kestrel/train/memory_plan.h"
+#include "kestrel/train/memory_profile.h"
+#include "kestrel/train/train_config.h"
+#include "kestrel/train/trainer.h"
+
+namespace kestrel::train {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string source_dir() {
+  fs::path here = fs::path(__FILE__).parent_path();  // tests/train
+  return (here / ".." / "..").lexically_normal().string();
+}
+
+json quickstart(const std::string& out_dir, int64_t steps) {
+  json cfg = resolve_train_config(models::read_json_file(source_dir() + "/configs/quickstart_vlm.json", "config"),
+                                  "quickstart");
+  cfg["train"]["steps"] = steps;
+  cfg["out_dir"] = out_dir;
+  cfg["device"] = "cpu";
+  cfg["log_every"] = 1000;
+  return cfg;
+}
+
+// A profiled run of the trainer, as kestrel-mem profile does it.
+MemoryProfile profile_run(const json& cfg) {
+  MemoryTrace& trace = memory_trace(Device::cpu());
+  trace.clear_events();
+  MemorySnapshot start = trace.snapshot();
+  trace.set_event_logging(true, 1u << 22);
+  {
+    Trainer t(cfg);
+    t.set_memory_profiling(true);
+    t.set_log_callback([](const std::string&) {});
+    t.run();
+  }
+  trace.set_event_logging(false);
+  MemoryProfile p = analyze_memory(trace.events(), start, trace.snapshot());
+  trace.clear_events();
+  return p;
+}
+
+void expect_plan_matches(const json& cfg, const char* what) {
+  PlanOptions po;
+  po.steps = cfg["train"]["steps"];
+  MemoryPlan plan = plan_memory(cfg, po);
+  MemoryProfile p = profile_run(cfg);
+  for (MemoryTag t : {MemoryTag::Parameter, MemoryTag::Gradient, MemoryTag::OptimizerState, MemoryTag::Activation}) {
+    const double measured = static_cast<double>(p.tag_peak[static_cast<int>(t)]);
+    const double planned = static_cast<double>(plan.tag_peak[static_cast<int>(t)]);
+    ASSERT_GT(measured, 0) << what << " " << tag_name(t);
+    EXPECT_NEAR(planned / measured, 1.0, 0.10) << what << " " << tag_name(t) << ": planned " << planned
+                                                << ", measured " << measured;
+  }
+  EXPECT_NEAR(static_cast<double>(plan.peak) / static_cast<double>(p.peak_in_use), 1.0, 0.10)
+      << what << " total: planned " << plan.peak << " (" << plan.peak_where << "), measured " << p.peak_in_use << " ("
+      << p.peak_phase << ")";
+}
+
+TEST(MemoryPlan, MatchesProfileOnQuickstart) {
+  std::string dir = (fs::temp_directory_path() / "kestrel_mem_q").string();
+  json cfg = quickstart(dir, 2);
+  expect_plan_matches(cfg, "quickstart");
+  cfg["recompute"] = "recompute";
+  expect_plan_matches(cfg, "quickstart+recompute");
+  fs::remove_all(dir);
+}
+
+TEST(MemoryPlan, MatchesProfileOnSmallerModel) {
+  std::string dir = (fs::temp_directory_path() / "kestrel_mem_s").string();
+  json cfg = quickstart(dir, 3);
+  cfg["train"]["batch_size"] = 5;
+  cfg["model"]["config"]["text_config"]["num_hidden_layers"] = 1;
+  cfg["model"]["config"]["text_config"]["intermediate_size"] = 192;
+  cfg["model"]["config"]["vision_config"]["num_hidden_layers"] = 1;
+  expect_plan_matches(cfg, "small");
+  cfg["recompute"] = "recompute";
+  expect_plan_matches(cfg, "small+recompute");
+  fs::remove_all(dir);
+}
+
+TEST(MemoryPlan, BudgetAnswersAndFindMaxAreConsistent) {
+  json cfg = quickstart("/tmp/unused", 2);
+  MemoryPlan free_run = plan_memory(cfg);
+  EXPECT_TRUE(free_run.fits);
+  cfg["memory_budget"] = "8MiB";
+  MemoryPlan tight = plan_memory(cfg);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_EQ(tight.headroom, tight.budget - tight.peak - tight.external);
+  // A larger batch never needs less memory.
+  json big = cfg;
+  big["train"]["batch_size"] = 32;
+  EXPECT_GT(plan_memory(big).peak, tight.peak);
+}
+
+// Every field memory_profile.h documents, with its JSON type.
+struct Field {
+  const char* path;
+  json::value_t type;
+};
+
+void expect_type(const json& v, json::value_t want, const std::string& path) {
+  bool ok = v.type() == want ||
+            (want == json::value_t::number_integer && v.type() == json::value_t::number_unsigned) ||
+            (want == json::value_t::number_float && v.is_number());
+  EXPECT_TRUE(ok) << path << " is " << v.type_name();
+}
+
+TEST(MemoryProfile, JsonFollowsTheDocumentedSchemaAndHtmlHoldsTheChart) {
+  std::string dir = (fs::temp_directory_path() / "kestrel_mem_json").string();
+  fs::remove_all(dir);
+  json cfg = quickstart(dir, 2);
+  cfg["recompute"] = "recompute";
+  MemoryProfile p = profile_run(cfg);
+  p.budget = 64ll << 20;
+  p.plan = plan_memory(cfg).to_json();
+  write_memory_profile(p, dir);
+  std::ifstream jf(dir + "/memory.json");
+  json j = json::parse(jf);
+
+  using T = json::value_t;
+  const T I = T::number_integer, N = T::number_float, S = T::string, B = T::boolean, O = T::object, A = T::array;
+  const std::vector<Field> top = {{"schema", S}, {"device", S},  {"budget", I},   {"meta", O},
+                                  {"summary", O}, {"tags", A},   {"phases", A},   {"regions", A},
+                                  {"top_allocations", A}, {"labels_at_peak", A}, {"timeline", O}, {"spans", A},
+                                  {"plan", O}};
+  const std::vector<Field> summary = {{"peak_in_use", I},   {"peak_time_s", N},      {"peak_phase", S},
+                                      {"peak_reserved", I}, {"peak_footprint", I},   {"reserved_at_peak", I},
+                                      {"external", I},      {"num_events", I},       {"events_truncated", B}};
+  const std::vector<Field> tag = {{"tag", S}, {"peak", I}, {"at_peak", I}, {"current", I}};
+  const std::vector<Field> phase = {{"name", S}, {"count", I}, {"peak_in_use", I}, {"start_in_use", I},
+                                    {"peak_time_s", N}, {"tags_at_peak", O}};
+  const std::vector<Field> region = {{"name", S}, {"forward_peak", I}, {"forward_delta", I}, {"backward_peak", I},
+                                     {"backward_delta", I}};
+  const std::vector<Field> top_alloc = {{"bytes", I}, {"tag", S}, {"label", S}, {"time_s", N}};
+  const std::vector<Field> label = {{"label", S}, {"bytes", I}};
+  const std::vector<Field> timeline = {{"tags", A}, {"t", A}, {"in_use", A}, {"reserved", A}, {"by_tag", A}};
+  const std::vector<Field> span = {{"name", S}, {"t0", N}, {"t1", N}};
+
+  // The header documents each field by name: keep the test and the documentation together.
+  std::ifstream hf(source_dir() + "/train/include/kestrel/train/memory_profile.h");
+  std::stringstream hs;
+  hs << hf.rdbuf();
+  const std::string header = hs.str();
+  auto check = [&](const json& obj, const std::vector<Field>& fields, const std::string& where) {
+    ASSERT_TRUE(obj.is_object()) << where;
+    for (const Field& f : fields) {
+      EXPECT_NE(header.find(f.path), std::string::npos) << f.path << " is not documented in memory_profile.h";
+      ASSERT_TRUE(obj.contains(f.path)) << where << "." << f.path << " missing";
+      expect_type(obj[f.path], f.type, where + "." + f.path);
+    }
+  };
+  check(j, top, "");
+  EXPECT_EQ(j["schema"], "kestrel.memory/1");
+  check(j["summary"], summary, "summary");
+  ASSERT_EQ(j["tags"].size(), static_cast<size_t>(kNumMemoryTags));
+  for (const json& t : j["tags"]) check(t, tag, "tags[]");
+  ASSERT_GE(j["phases"].size(), 3u);
+  for (const json& ph : j["phases"]) check(ph, phase, "phases[]");
+  EXPECT_EQ(j["phases"][0]["name"], "forward");
+  EXPECT_EQ(j["phases"][1]["name"], "backward");
+  EXPECT_EQ(j["phases"][2]["name"], "optimizer");
+  // Regions: 2 vision blocks + 2 decoder layers, each with a forward and a backward peak.
+  ASSERT_EQ(j["regions"].size(), 4u);
+  for (const json& r : j["regions"]) {
+    check(r, region, "regions[]");
+    EXPECT_GT(r["forward_peak"].get<int64_t>(), 0);
+    EXPECT_GT(r["backward_delta"].get<int64_t>(), 0) << r["name"];
+  }
+  ASSERT_FALSE(j["top_allocations"].empty());
+  for (const json& a : j["top_allocations"]) check(a, top_alloc, "top_allocations[]");
+  // The labels say who allocated: decoder layers and vision blocks appear among the live blocks.
+  std::string labels = j["labels_at_peak"].dump();
+  EXPECT_NE(labels.find("decoder.layer."), std::string::npos) << labels;
+  for (const json& l : j["labels_at_peak"]) check(l, label, "labels_at_peak[]");
+  check(j["timeline"], timeline, "timeline");
+  const size_t n = j["timeline"]["t"].size();
+  ASSERT_GT(n, 10u);
+  ASSERT_EQ(j["timeline"]["by_tag"].size(), static_cast<size_t>(kNumMemoryTags));
+  for (const json& series : j["timeline"]["by_tag"]) EXPECT_EQ(series.size(), n);
+  int64_t max_in_use = 0;
+  for (const json& v : j["timeline"]["in_use"]) max_in_use = std::max(max_in_use, v.get<int64_t>());
+  EXPECT_EQ(max_in_use, j["summary"]["peak_in_use"].get<int64_t>()) << "the downsampled timeline keeps the peak";
+  ASSERT_EQ(j["spans"].size(), 6u);  // 2 steps x forward/backward/optimizer
+  for (const json& s : j["spans"]) check(s, span, "spans[]");
+
+  std::ifstream html_file(dir + "/memory.html");
+  std::stringstream html_stream;
+  html_stream << html_file.rdbuf();
+  const std::string html = html_stream.str();
+  for (const char* needle : {"<svg", "class=\"area\" data-tag=\"activation\"", "class=\"area\" data-tag=\"parameter\"",
+                             "class=\"band\" data-phase=\"forward\"", "data-phase=\"backward\"",
+                             "data-phase=\"optimizer\"", "class=\"budget\"", "id=\"memory-data\"",
+                             "decoder.layer.1", "Recompute regions", "Largest live allocations"})
+    EXPECT_NE(html.find(needle), std::string::npos) << needle;
+  EXPECT_EQ(html.find("<script src"), std::string::npos) << "the page must be self-contained";
+  EXPECT_EQ(html.find("https://"), std::string::npos) << "the page must not reach the network";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kestrel::train

@@ -1,0 +1,186 @@
+// kestrel-mem: where device memory goes, and whether a configuration fits.
+//   kestrel-mem profile --config run.json --steps N [--memory-budget 40GiB] [--set k=v] --out DIR
+//       runs N real training steps with the trace's event log on; writes DIR/memory.json and
+//       DIR/memory.html (with the plan next to the measurement) and prints a summary table.
+//   kestrel-mem plan --config run.json [--memory-budget 40GiB] [--set k=v] [--find-max batch|seq_len]
+//       predicts the peak per tag without running; says whether it fits and the headroom.
+// Exit codes: 0 ok (plan: fits), 1 error, 2 usage, 3 out of budget (profile) / does not fit (plan).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kestrel/models/config.h"
+#include "kestrel/runtime/error.h"
+#include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_trace.h"
+#include "kestrel/train/memory_plan.h"
+#include "kestrel/train/memory_profile.h"
+#include "kestrel/train/train_config.h"
+#include "kestrel/train/trainer.h"
+
+using namespace kestrel;
+using nlohmann::json;
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: kestrel-mem profile --config run.json --steps N [--memory-budget SIZE] [--set K=V] --out DIR\n"
+               "       kestrel-mem plan --config run.json [--memory-budget SIZE] [--set K=V] [--find-max batch|seq_len]\n"
+               "  profile   run N training steps with memory tracing; write DIR/memory.json, DIR/memory.html\n"
+               "  plan      predict the peak per tag without running; fits / does not fit and the headroom\n");
+}
+
+struct Args {
+  std::string cmd, config, out, find_max;
+  std::vector<std::string> sets;
+  int64_t steps = 2;
+};
+
+json load_config(const Args& a) {
+  json cfg = train::resolve_train_config(models::read_json_file(a.config, "config"), a.config);
+  for (const std::string& s : a.sets) train::apply_override(cfg, s);
+  return cfg;
+}
+
+int profile(const Args& a) {
+  json cfg = load_config(a);
+  cfg["train"]["steps"] = a.steps;
+  cfg["out_dir"] = a.out;
+  cfg["log_every"] = 1;
+  cfg["checkpoint_every"] = 0;
+  cfg["eval_every"] = 0;
+  train::PlanOptions po;
+  po.steps = a.steps;
+  train::MemoryPlan plan = train::plan_memory(cfg, po);
+
+  // The log starts before the model exists, so parameters and optimizer state carry their names.
+  Device dev = Device::cpu();
+  std::string d = cfg["device"];
+  dev = d == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(d);
+  MemoryTrace& trace = memory_trace(dev);
+  trace.clear_events();
+  MemorySnapshot start = trace.snapshot();
+  trace.set_event_logging(true, 1u << 23);
+  train::ProfileOptions popt;
+  popt.max_events = 1u << 23;
+  int rc = 0;
+  std::string oom;
+  {
+    train::Trainer trainer(cfg);
+    trainer.set_memory_profiling(true);
+    try {
+      trainer.run();
+    } catch (const OutOfBudget& e) {
+      oom = e.what();
+      rc = 3;
+    }
+  }
+  trace.set_event_logging(false);
+  popt.budget = memory_budget(dev);
+  train::MemoryProfile p = train::analyze_memory(trace.events(), start, trace.snapshot(), popt);
+  p.meta = {{"config", a.config},          {"steps", a.steps},
+            {"precision", plan.precision}, {"recompute", plan.recompute},
+            {"batch_size", cfg["train"]["batch_size"]}, {"tokens_per_micro_batch", plan.tokens}};
+  if (!oom.empty()) p.meta["out_of_budget"] = oom;
+  p.plan = plan.to_json();
+  std::string path = train::write_memory_profile(p, a.out);
+  std::printf("%s", train::profile_summary(p).c_str());
+  std::printf("%-16s %14s %14s %8s\n", "plan vs measured", "planned", "measured", "ratio");
+  for (int t = 0; t < kNumMemoryTags; ++t) {
+    if (p.tag_peak[t] == 0 && plan.tag_peak[t] == 0) continue;
+    std::printf("%-16s %14s %14s %7.1f%%\n", std::string(tag_name(static_cast<MemoryTag>(t))).c_str(),
+                format_bytes(plan.tag_peak[t]).c_str(), format_bytes(p.tag_peak[t]).c_str(),
+                p.tag_peak[t] ? 100.0 * static_cast<double>(plan.tag_peak[t]) / static_cast<double>(p.tag_peak[t]) : 0.0);
+  }
+  std::printf("%-16s %14s %14s %7.1f%%\n", "peak in use", format_bytes(plan.peak).c_str(), format_bytes(p.peak_in_use).c_str(),
+              p.peak_in_use ? 100.0 * static_cast<double>(plan.peak) / static_cast<double>(p.peak_in_use) : 0.0);
+  std::printf("wrote %s and %s/memory.html\n", path.c_str(), a.out.c_str());
+  if (rc == 3) std::fprintf(stderr, "kestrel-mem: the run went out of the memory budget:\n%s\n", oom.c_str());
+  return rc;
+}
+
+int plan_cmd(const Args& a) {
+  json cfg = load_config(a);
+  train::MemoryPlan plan = train::plan_memory(cfg);
+  std::printf("%s", plan.table().c_str());
+  if (!a.find_max.empty()) {
+    KESTREL_CHECK(plan.budget > 0, "kestrel-mem", "--find-max needs a budget (--memory-budget SIZE)");
+    std::string key;
+    if (a.find_max == "batch" || a.find_max == "batch_size") key = "batch_size";
+    else if (a.find_max == "seq_len")
+      throw make_error("kestrel-mem", "this config's sequence length is set by its data (shapes: images + captions), "
+                                      "not by a seq_len key; use --find-max batch");
+    else
+      throw make_error("kestrel-mem", "--find-max takes batch or seq_len, got '", a.find_max, "'");
+    auto fits = [&](int64_t v) {
+      json c = cfg;
+      c["train"][key] = v;
+      return train::plan_memory(c).fits;
+    };
+    int64_t lo = 0, hi = 1;
+    while (fits(hi) && hi < (int64_t{1} << 24)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      int64_t mid = (lo + hi) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    if (lo == 0)
+      std::printf("largest %s that fits: none (%s = 1 does not fit)\n", key.c_str(), key.c_str());
+    else {
+      json c = cfg;
+      c["train"][key] = lo;
+      train::MemoryPlan best = train::plan_memory(c);
+      std::printf("largest %s that fits: %lld (peak %s + external %s, headroom %s)\n", key.c_str(),
+                  static_cast<long long>(lo), format_bytes(best.peak).c_str(), format_bytes(best.external).c_str(),
+                  format_bytes(best.headroom).c_str());
+    }
+  }
+  return plan.fits ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  Args a;
+  a.cmd = argv[1];
+  if (a.cmd == "--help" || a.cmd == "-h") {
+    usage(stdout);
+    return 0;
+  }
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "kestrel-mem: %s needs a value\n", s.c_str());
+      return 2;
+    }
+    std::string v = argv[++i];
+    if (s == "--config") a.config = v;
+    else if (s == "--out") a.out = v;
+    else if (s == "--set") a.sets.push_back(v);
+    else if (s == "--memory-budget") a.sets.push_back("memory_budget=" + v);
+    else if (s == "--find-max") a.find_max = v;
+    else if (s == "--steps") a.steps = std::stoll(v);
+    else {
+      std::fprintf(stderr, "kestrel-mem: unknown argument '%s'\n", s.c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (a.config.empty() || (a.cmd == "profile" && a.out.empty()) || (a.cmd != "profile" && a.cmd != "plan")) {
+    usage(stderr);
+    return 2;
+  }
+  try {
+    return a.cmd == "profile" ? profile(a) : plan_cmd(a);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kestrel-mem: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kestrel-mem: error: %s\n", e.what());
+    return 1;
+  }
+}

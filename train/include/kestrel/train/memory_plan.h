@@ -1,0 +1,49 @@
+// Memory planning: predict the peak bytes per tag of a training configuration without running it.
+//
+// The planner replays, block by block, the allocations our code makes for one optimizer step:
+// parameters, AdamW state (f32 moments, f32 masters for bf16/f16 parameters), the batch, each
+// op's outputs and what its tape entry saves (read from ops/src/*: e.g. a linear saves its input,
+// attention saves q, k, v, out and the f32 log-sum-exp, a norm saves its input and f32 row
+// statistics), the transients freed within a module, the recompute policy (a region keeps only its
+// input; its backward re-runs it under the Activation tag), the fused linear + cross-entropy
+// scratch (Workspace), and the backward walk (input gradients, out-of-place accumulation of
+// non-leaf gradients, parameter gradients that live until the optimizer's zero_grad). The result
+// is the peak per tag and the peak of the sum (bytes in use), which a profile measures exactly.
+// Not modelled: allocator rounding and caching (reserved > in use on CUDA), External (context and
+// library memory: pass `external_bytes`), and allocations smaller than one row of the batch.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kestrel/runtime/memory.h"
+
+namespace kestrel::train {
+
+struct MemoryPlan {
+  std::array<int64_t, kNumMemoryTags> tag_peak{};  // peak of each tag
+  int64_t peak = 0;           // peak bytes in use (all tags, External excluded)
+  std::string peak_where;     // the step of the replay where it happens
+  int64_t external = 0;       // assumed External bytes (CUDA context etc.)
+  int64_t budget = 0;         // 0 = none
+  bool fits = true;           // peak + external <= budget
+  int64_t headroom = 0;       // budget - (peak + external)
+  int64_t tokens = 0;         // tokens in the largest micro-batch planned
+  int64_t parameters = 0;     // parameter count
+  std::string precision, recompute, device;
+  nlohmann::json to_json() const;
+  std::string table() const;  // a terminal table per tag
+};
+
+struct PlanOptions {
+  int64_t steps = 0;           // micro-batches to size the token count from (0 = train.steps, at most 64)
+  int64_t external_bytes = -1; // -1: 0 on the CPU, 600 MiB on CUDA (context + cuBLASLt)
+};
+
+// `config` is a resolved trainer config (resolve_train_config); the budget comes from its
+// memory_budget ("" = none).
+MemoryPlan plan_memory(const nlohmann::json& config, const PlanOptions& options = {});
+
+}  // namespace kestrel::train

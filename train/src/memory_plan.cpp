@@ -1,0 +1,514 @@
+// The memory planner (see memory_plan.h): a replay of one optimizer step's allocations, block by
+// block, on a ledger of bytes per tag. Each model piece below mirrors the code it stands for
+// (models/src/{vision,vlm,decoder}.cpp and the tape entries of ops/src/*); when that code changes
+// what it allocates or saves, change the matching lines here and the plan-vs-profile test says so.
+#include "kestrel/train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "kestrel/autograd/recompute.h"
+#include "kestrel/models/config.h"
+#include "kestrel/runtime/dtype.h"
+#include "kestrel/runtime/error.h"
+#include "kestrel/runtime/memory_budget.h"
+#include "kestrel/train/shapes_dataset.h"
+#include "kestrel/train/tokenizer.h"
+
+namespace kestrel::train {
+
+using nlohmann::json;
+using autograd::RecomputePolicy;
+
+namespace {
+
+constexpr MemoryTag kAct = MemoryTag::Activation, kGrad = MemoryTag::Gradient;
+
+// Bytes per tag now and at peak, and the peak of their sum.
+struct Ledger {
+  std::array<int64_t, kNumMemoryTags> cur{}, peak{};
+  int64_t in_use = 0, peak_in_use = 0;
+  std::string where, peak_where;
+  void alloc(MemoryTag t, int64_t b) {
+    cur[static_cast<int>(t)] += b;
+    in_use += b;
+    peak[static_cast<int>(t)] = std::max(peak[static_cast<int>(t)], cur[static_cast<int>(t)]);
+    if (in_use > peak_in_use) {
+      peak_in_use = in_use;
+      peak_where = where;
+    }
+  }
+  void free(MemoryTag t, int64_t b) {
+    cur[static_cast<int>(t)] -= b;
+    in_use -= b;
+  }
+};
+
+struct Shapes {
+  int64_t b = 4;   // bytes per element of the model dtype
+  int64_t T = 0;   // text tokens of the micro-batch
+  int64_t B = 0;   // images
+  int64_t Tv = 0;  // vision tokens = B * patches
+  int64_t Ti = 0;  // image tokens after the pixel shuffle
+};
+
+// One decoder layer's forward with its tape (policy None, or the re-run of a region in backward).
+// Returns the bytes of what stays saved; `h_in` is the layer input (already live).
+struct LayerCosts {
+  int64_t saved = 0;  // everything the layer's entries keep until backward (output included)
+};
+
+class Planner {
+ public:
+  Planner(const models::VlmConfig& mc, const Shapes& s, RecomputePolicy policy) : mc_(mc), s_(s), policy_(policy) {
+    const auto& tc = mc.text_config;
+    C_ = tc.hidden_size, I_ = tc.intermediate_size, D_ = tc.head_dim, Hq_ = tc.num_attention_heads,
+    Hkv_ = tc.num_key_value_heads, V_ = tc.vocab_size, L_ = tc.num_hidden_layers;
+    const auto& vc = mc.vision_config;
+    E_ = vc.hidden_size, IV_ = vc.intermediate_size, HV_ = vc.num_attention_heads, LV_ = vc.num_hidden_layers;
+  }
+  Ledger led;
+
+  // --- decoder layer (models/src/decoder.cpp: layer_forward) ---
+  // Forward with recording: allocations in order; the saved set stays.
+  void decoder_layer_forward_recorded(MemoryTag tag) {
+    const int64_t T = s_.T, b = s_.b;
+    led.alloc(tag, T * C_ * b + T * 4);              // rms_norm y, rstd (saved)
+    led.alloc(tag, T * Hq_ * D_ * b);                // q linear (freed by rope)
+    led.alloc(tag, 2 * T * Hkv_ * D_ * b);           // k, v linear (v saved by attention)
+    led.alloc(tag, T * Hq_ * D_ * b);                // rope(q) saved
+    led.free(tag, T * Hq_ * D_ * b);                 // pre-rope q released
+    led.alloc(tag, T * Hkv_ * D_ * b);               // rope(k) saved
+    led.free(tag, T * Hkv_ * D_ * b);                // pre-rope k released
+    led.alloc(tag, T * Hq_ * D_ * b + T * Hq_ * 4);  // attention out, lse (saved)
+    led.alloc(tag, T * C_ * b);                      // o_proj out (transient)
+    led.alloc(tag, 2 * T * C_ * b + T * 4);          // add_rms_norm y, h, rstd (saved)
+    led.free(tag, T * C_ * b);                       // o_proj out released
+    led.alloc(tag, 3 * T * I_ * b);                  // gate, up, swiglu (saved)
+    led.alloc(tag, T * C_ * b);                      // down out (transient)
+    led.alloc(tag, T * C_ * b);                      // layer output (saved by the next consumer)
+    led.free(tag, T * C_ * b);                       // down out released
+  }
+  int64_t decoder_layer_saved() const {
+    const int64_t T = s_.T, b = s_.b;
+    return T * C_ * b + T * 4 + T * Hq_ * D_ * b + 2 * T * Hkv_ * D_ * b + T * Hq_ * D_ * b + T * Hq_ * 4 +
+           2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b;
+  }
+  // Forward of a region without recording (no-grad): locals die with their scopes.
+  void decoder_layer_forward_nograd() {
+    const int64_t T = s_.T, b = s_.b;
+    int64_t attn = T * C_ * b + T * 4 + T * Hq_ * D_ * b + 2 * T * Hkv_ * D_ * b;
+    led.alloc(kAct, attn);
+    led.alloc(kAct, T * Hq_ * D_ * b);  // rope(q) while the pre-rope q is alive
+    led.free(kAct, T * Hq_ * D_ * b);
+    led.alloc(kAct, T * Hkv_ * D_ * b);
+    led.free(kAct, T * Hkv_ * D_ * b);
+    led.alloc(kAct, T * Hq_ * D_ * b + T * Hq_ * 4 + T * C_ * b);  // attention out, lse, o_proj out
+    int64_t attn_live = attn + T * Hq_ * D_ * b + T * Hq_ * 4;
+    led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays)
+    led.alloc(kAct, 2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b);  // y, h, rstd, gate, up, swiglu, down
+    led.alloc(kAct, T * C_ * b);  // output
+    led.free(kAct, T * C_ * b + 2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b);
+  }
+  // Backward through one recorded layer; `g` [T, C] arrives (live), the layer input's gradient
+  // leaves (live). Frees the layer's saved tensors and allocates its parameter gradients.
+  void decoder_layer_backward(bool params_first_time, bool free_input) {
+    const int64_t T = s_.T, b = s_.b, TC = T * C_ * b, TI = T * I_ * b;
+    auto pgrad = [&](int64_t bytes) {
+      if (params_first_time) led.alloc(kGrad, bytes);
+    };
+    // In a region's backward the incoming gradient stays referenced by the closure until it
+    // returns, and the region input is a leaf of the inner tape: its first gradient is a clone,
+    // later ones are added in place.
+    const bool region = !free_input;
+    // add(h2, m): both get g (no copy). down linear: dx [T, I], dW.
+    led.alloc(kGrad, TI);
+    pgrad(C_ * I_ * b);
+    led.free(kAct, TI);  // the down entry's saved input (swiglu out)
+    // swiglu: dg, du; the incoming dx goes, then gate and up.
+    led.alloc(kGrad, 2 * TI);
+    led.free(kGrad, TI);
+    led.free(kAct, 2 * TI);
+    // up linear: dx [T, C], dW; gate linear: dx, dW; the second is accumulated out of place.
+    led.alloc(kGrad, TC);
+    pgrad(I_ * C_ * b);
+    led.free(kGrad, TI);
+    led.alloc(kGrad, TC);
+    pgrad(I_ * C_ * b);
+    led.free(kGrad, TI);
+    led.alloc(kGrad, TC);  // clone + add
+    led.free(kGrad, 2 * TC);
+    led.free(kAct, TC);  // y (saved by the gate/up linears)
+    // add_rms_norm: dh, dw; gy and g are released; h2 and rstd go.
+    led.alloc(kGrad, TC);
+    pgrad(C_ * b);
+    led.free(kGrad, TC);  // gy
+    if (!region) led.free(kGrad, TC);  // g (the layer output's gradient)
+    led.free(kAct, TC + T * 4);  // h2, rstd
+    if (region) led.alloc(kGrad, TC);  // the region input's gradient (a clone of d)
+    // o_proj: dx [T, Hq*D], dW. attention: dq, dk, dv; saved q, k, v, out, lse go.
+    const int64_t Q = T * Hq_ * D_ * b, K = T * Hkv_ * D_ * b;
+    led.alloc(kGrad, Q);
+    pgrad(C_ * Hq_ * D_ * b);
+    if (region) led.free(kGrad, TC);  // d, consumed by o_proj
+    led.alloc(kGrad, T * Hq_ * 4);  // attention backward row statistics
+    led.alloc(kGrad, Q + 2 * K);
+    led.free(kGrad, T * Hq_ * 4);
+    led.free(kGrad, Q);
+    led.free(kAct, Q + 2 * K + Q + T * Hq_ * 4);
+    // rope backward (k then q), v/k/q linears: dx each [T, C], accumulated out of place.
+    led.alloc(kGrad, K);
+    led.free(kGrad, K);
+    led.alloc(kGrad, Q);
+    led.free(kGrad, Q);
+    led.alloc(kGrad, TC);  // v: dx
+    pgrad(Hkv_ * D_ * C_ * b);
+    led.free(kGrad, K);
+    led.alloc(kGrad, TC);  // k: dx
+    pgrad(Hkv_ * D_ * C_ * b);
+    led.free(kGrad, K);
+    led.alloc(kGrad, TC);
+    led.free(kGrad, 2 * TC);
+    led.alloc(kGrad, TC);  // q: dx
+    pgrad(Hq_ * D_ * C_ * b);
+    led.free(kGrad, Q);
+    led.alloc(kGrad, TC);
+    led.free(kGrad, 2 * TC);
+    led.free(kAct, TC);  // the norm output (saved by the q/k/v linears)
+    if (mc_.text_config.qkv_bias()) pgrad((Hq_ + 2 * Hkv_) * D_ * b);
+    // rms_norm: dx, dw; its input (the layer input) and rstd go; accumulated into the residual gradient.
+    led.alloc(kGrad, TC);
+    pgrad(C_ * b);
+    led.free(kGrad, TC);
+    led.free(kAct, T * 4 + (free_input ? TC : 0));
+    if (region) {
+      led.free(kGrad, TC);  // added in place into the input's gradient
+      led.free(kGrad, TC);  // the closure lets go of the incoming gradient
+    } else {
+      led.alloc(kGrad, TC);
+      led.free(kGrad, 2 * TC);
+    }
+  }
+
+  // --- vision block (models/src/vision.cpp: block_forward) ---
+  void vision_block_forward_recorded(MemoryTag tag) {
+    const int64_t T = s_.Tv, b = s_.b, TE = T * E_ * b;
+    led.alloc(tag, TE + 2 * T * 4);          // ln1 y, mean, rstd
+    led.alloc(tag, 3 * TE);                  // q, k, v (saved by attention)
+    led.alloc(tag, TE + T * HV_ * 4);        // attention out, lse
+    led.alloc(tag, TE);                      // out_proj (transient)
+    led.alloc(tag, TE);                      // h = x + o
+    led.free(tag, TE);
+    led.alloc(tag, TE + 2 * T * 4);          // ln2 z, mean, rstd
+    led.alloc(tag, 2 * T * IV_ * b);         // fc1, gelu
+    led.alloc(tag, TE);                      // fc2 (transient)
+    led.alloc(tag, TE);                      // output
+    led.free(tag, TE);
+  }
+  void vision_block_forward_nograd() {
+    const int64_t T = s_.Tv, b = s_.b, TE = T * E_ * b;
+    int64_t attn = TE + 2 * T * 4 + 3 * TE + TE + T * HV_ * 4 + TE + TE;
+    led.alloc(kAct, attn);
+    led.free(kAct, attn - TE);  // h stays
+    int64_t mlp = TE + 2 * T * 4 + 2 * T * IV_ * b + TE + TE;
+    led.alloc(kAct, mlp);
+    led.free(kAct, mlp - TE + TE);  // output stays, h goes
+  }
+  void vision_block_backward(bool first, bool free_input) {
+    const int64_t T = s_.Tv, b = s_.b, TE = T * E_ * b, TI = T * IV_ * b;
+    auto pgrad = [&](int64_t bytes) {
+      if (first) led.alloc(kGrad, bytes);
+    };
+    const bool region = !free_input;  // see decoder_layer_backward
+    // add(h, z): g to both. fc2: dx [T, I], dW, db; gelu: dx; fc1: dx [T, E].
+    led.alloc(kGrad, TI);
+    pgrad(E_ * IV_ * b + E_ * b);
+    led.free(kAct, TI);
+    led.alloc(kGrad, TI);
+    led.free(kGrad, TI);
+    led.free(kAct, TI);
+    led.alloc(kGrad, TE);
+    pgrad(IV_ * E_ * b + IV_ * b);
+    led.free(kGrad, TI);
+    led.free(kAct, TE + 2 * T * 4);  // ln2's z, mean, rstd
+    // ln2: dx, dw, db; accumulated with g into h's gradient (g stays alive in a region's closure).
+    led.alloc(kGrad, TE);
+    pgrad(2 * E_ * b);
+    led.free(kGrad, TE);
+    led.alloc(kGrad, TE);
+    led.free(kGrad, region ? TE : 2 * TE);
+    led.free(kAct, TE);  // h (ln2's input)
+    // add(x, o): g to both (a clone for a region's leaf input). out_proj: dx, dW, db; attention: dq, dk, dv.
+    if (region) led.alloc(kGrad, TE);
+    led.alloc(kGrad, TE);
+    pgrad(E_ * E_ * b + E_ * b);
+    if (region) led.free(kGrad, TE);
+    led.alloc(kGrad, T * HV_ * 4);
+    led.alloc(kGrad, 3 * TE);
+    led.free(kGrad, TE + T * HV_ * 4);
+    led.free(kAct, 4 * TE + T * HV_ * 4);
+    // v, k, q linears: dx each, accumulated.
+    for (int i = 0; i < 3; ++i) {
+      led.alloc(kGrad, TE);
+      pgrad(E_ * E_ * b + E_ * b);
+      led.free(kGrad, TE);
+      if (i > 0) {
+        led.alloc(kGrad, TE);
+        led.free(kGrad, 2 * TE);
+      }
+    }
+    // ln1: dx, dw, db; accumulated into x's gradient.
+    led.alloc(kGrad, TE);
+    pgrad(2 * E_ * b);
+    led.free(kGrad, TE);
+    led.free(kAct, TE + 2 * T * 4 + (free_input ? TE : 0));  // y, stats, the block input
+    if (region) {
+      led.free(kGrad, 2 * TE);
+    } else {
+      led.alloc(kGrad, TE);
+      led.free(kGrad, 2 * TE);
+    }
+  }
+
+  int64_t C_, I_, D_, Hq_, Hkv_, V_, L_, E_, IV_, HV_, LV_;
+  const models::VlmConfig& mc_;
+  Shapes s_;
+  RecomputePolicy policy_;
+};
+
+int64_t vlm_parameter_count(const models::VlmConfig& mc) {
+  const auto& v = mc.vision_config;
+  const auto& t = mc.text_config;
+  const int64_t E = v.hidden_size, IV = v.intermediate_size, P = v.patch_size, N = v.num_patches();
+  int64_t vision = E * v.num_channels * P * P + E + N * E +
+                   v.num_hidden_layers * (4 * (E * E + E) + 4 * E + IV * E + IV + E * IV + E) + 2 * E;
+  const int64_t s = mc.pixel_shuffle_factor, C = t.hidden_size;
+  const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
+  int64_t proj = Hp * E * s * s + Hp + C * Hp + C;
+  const int64_t D = t.head_dim, Hq = t.num_attention_heads, Hkv = t.num_key_value_heads, I = t.intermediate_size;
+  int64_t layer = 2 * C + (Hq + 2 * Hkv) * D * C + C * Hq * D + 3 * I * C;
+  if (t.qkv_bias()) layer += (Hq + 2 * Hkv) * D;
+  if (t.o_proj_bias()) layer += C;
+  int64_t text = t.vocab_size * C + t.num_hidden_layers * layer + C + (t.tie_word_embeddings ? 0 : t.vocab_size * C);
+  return vision + proj + text;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
+  MemoryPlan plan;
+  std::string type = cfg["model"]["type"];
+  KESTREL_CHECK(type == "vlm", "plan", "model.type '", type, "' is not supported; use \"vlm\"");
+  models::VlmConfig mc = cfg["model"]["config_path"].get<std::string>().empty()
+                             ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
+                             : models::VlmConfig::from_file(cfg["model"]["config_path"]);
+  std::string dev = cfg["device"];
+  const bool on_cuda = dev == "auto" ? cuda_available() : dev.rfind("cuda", 0) == 0;
+  std::string prec = cfg["precision"];
+  DType dtype = prec == "auto" ? (on_cuda ? DType::BF16 : DType::F32) : parse_dtype(prec);
+  RecomputePolicy policy = autograd::parse_recompute_policy(cfg["recompute"]);
+  const json& tr = cfg["train"];
+  const int64_t B = tr["batch_size"];
+  plan.device = on_cuda ? "cuda" : "cpu";
+  plan.precision = std::string(dtype_name(dtype));
+  plan.recompute = autograd::policy_name(policy);
+  plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{600} << 20 : 0);
+  if (std::string budget = cfg["memory_budget"]; !budget.empty()) plan.budget = parse_bytes(budget);
+
+  // Tokens: the largest micro-batch of the planned steps (captions vary in length).
+  Shapes s;
+  s.b = static_cast<int64_t>(dtype_size(dtype));
+  s.B = B;
+  const int64_t tpi = mc.image_tokens_per_image();
+  s.Tv = B * mc.vision_config.num_patches();
+  s.Ti = B * tpi;
+  {
+    const json& d = cfg["data"];
+    ShapesConfig sc;
+    sc.image_size = d["image_size"];
+    sc.seed = d["seed"];
+    sc.noise = d["noise"];
+    ShapesDataset ds(sc);
+    ByteTokenizer tok;
+    std::vector<uint8_t> img(static_cast<size_t>(ds.image_bytes()));
+    const int64_t micro = std::clamp<int64_t>(options.steps > 0 ? options.steps : tr["steps"].get<int64_t>(), 1, 64) *
+                          tr["grad_accum"].get<int64_t>();
+    for (int64_t m = 0; m < micro; ++m) {
+      int64_t T = 0;
+      for (int64_t i = 0; i < B; ++i)
+        T += tpi + 2 + static_cast<int64_t>(tok.encode(ds.render(static_cast<uint64_t>(m * B + i), img).caption).size());
+      s.T = std::max(s.T, T);
+    }
+  }
+  plan.tokens = s.T;
+  plan.parameters = vlm_parameter_count(mc);
+
+  Planner P(mc, s, policy);
+  Ledger& L = P.led;
+  const int64_t b = s.b, T = s.T, C = P.C_, E = P.E_, V = P.V_;
+  const auto& tc = mc.text_config;
+  const int64_t pbytes = plan.parameters * b;
+  L.where = "setup";
+  L.alloc(MemoryTag::Parameter, pbytes);
+  if (!on_cuda) {
+    // CPU initialisation draws each weight as an f32 tensor (tagged Parameter) before copying it in;
+    // the last one drawn is the projector's linear_2 [C, Hp], when every other parameter exists.
+    const int64_t Cx = mc.text_config.hidden_size;
+    const int64_t Hpx = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : Cx;
+    L.alloc(MemoryTag::Parameter, Cx * Hpx * 4);
+    L.free(MemoryTag::Parameter, Cx * Hpx * 4);
+  }
+  L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
+
+  // The batch (trainer scope: no tag -> Temporary): ids, labels, positions (i64), pixels, image slots, cu_seqlens.
+  const int64_t S = mc.vision_config.image_size;
+  L.where = "data";
+  L.alloc(MemoryTag::Temporary, 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4);
+
+  // ---- forward ----
+  const bool regions = policy != RecomputePolicy::None;
+  L.where = "forward: embed";
+  L.alloc(kAct, T * C * b);  // token embeddings (live until the splice)
+  L.where = "forward: vision";
+  const int64_t Tv = s.Tv, TE = Tv * E * b, P2 = mc.vision_config.patch_size * mc.vision_config.patch_size;
+  L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
+  L.alloc(kAct, TE);               // patch GEMM out
+  L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
+  L.free(kAct, TE);
+  for (int64_t l = 0; l < P.LV_; ++l) {
+    L.where = "forward: vision.block." + std::to_string(l);
+    if (regions)
+      P.vision_block_forward_nograd();
+    else
+      P.vision_block_forward_recorded(kAct);
+  }
+  L.where = "forward: projector";
+  L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
+  const int64_t Ti = s.Ti, sf = mc.pixel_shuffle_factor;
+  const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
+  L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
+  L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
+  L.alloc(kAct, Ti * C * b);            // linear_2 (img)
+  L.free(kAct, TE);                     // the post-layernorm output (only views of it were recorded)
+  L.where = "forward: splice";
+  L.alloc(kAct, T * C * b);             // spliced embeddings
+  L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
+  (void)sf;
+  for (int64_t l = 0; l < P.L_; ++l) {
+    L.where = "forward: decoder.layer." + std::to_string(l);
+    if (regions)
+      P.decoder_layer_forward_nograd();
+    else
+      P.decoder_layer_forward_recorded(kAct);
+  }
+  L.where = "forward: final norm + loss";
+  L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
+  L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
+  const int64_t Nc = std::min<int64_t>(512, T);
+  const int64_t Vc = std::clamp<int64_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(C, 1), 256, 4096), 1, V);
+  const int64_t ce_scratch = Nc * Vc * 4 + (dtype == DType::F32 ? 0 : (Nc + Vc) * C * 4);
+  L.alloc(MemoryTag::Workspace, ce_scratch);
+  L.free(MemoryTag::Workspace, ce_scratch);
+
+  // ---- backward ----
+  L.where = "backward: loss";
+  L.alloc(kGrad, 4);  // the seed
+  L.alloc(kGrad, T * C * b);  // d_hidden
+  L.alloc(kGrad, V * C * b);  // d_lm_head (the tied embedding's gradient)
+  L.alloc(MemoryTag::Workspace, ce_scratch + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4));
+  L.free(MemoryTag::Workspace, ce_scratch + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4));
+  L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
+  L.free(kGrad, 4);
+  L.where = "backward: final norm";
+  L.alloc(kGrad, T * C * b + C * b);
+  L.free(kGrad, T * C * b);
+  L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
+  for (int64_t l = P.L_ - 1; l >= 0; --l) {
+    L.where = "backward: decoder.layer." + std::to_string(l);
+    if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
+    P.decoder_layer_backward(true, !regions);
+    if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
+  }
+  // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
+  L.where = "backward: splice";
+  L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
+  L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
+  L.where = "backward: embed";
+  L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
+  L.free(kGrad, V * C * b + T * C * b);
+  L.where = "backward: projector";
+  L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
+  L.free(kAct, Ti * Hp * b);
+  L.free(kGrad, Ti * C * b);
+  L.alloc(kGrad, Ti * Hp * b);  // gelu
+  L.free(kGrad, Ti * Hp * b);
+  L.free(kAct, Ti * Hp * b);
+  L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
+  L.free(kAct, TE);
+  L.free(kGrad, Ti * Hp * b);
+  L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
+  L.alloc(kGrad, TE + 2 * E * b);
+  L.free(kGrad, 2 * TE);
+  L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+  for (int64_t l = P.LV_ - 1; l >= 0; --l) {
+    L.where = "backward: vision.block." + std::to_string(l);
+    if (regions) P.vision_block_forward_recorded(kAct);
+    P.vision_block_backward(true, !regions);
+    if (regions) L.free(kAct, 2 * TE);
+  }
+  L.where = "backward: vision embed";
+  L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
+  L.free(kGrad, TE);
+  L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
+  (void)tc;
+
+  // ---- optimizer ----
+  L.where = "optimizer";
+  L.free(kGrad, L.cur[static_cast<int>(kGrad)]);  // zero_grad
+  L.free(MemoryTag::Temporary, 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4);
+
+  plan.tag_peak = L.peak;
+  plan.peak = L.peak_in_use;
+  plan.peak_where = L.peak_where;
+  plan.tag_peak[static_cast<int>(MemoryTag::External)] = plan.external;
+  if (plan.budget > 0) {
+    plan.headroom = plan.budget - (plan.peak + plan.external);
+    plan.fits = plan.headroom >= 0;
+  }
+  return plan;
+}
+
+json MemoryPlan::to_json() const {
+  json tags = json::object();
+  for (int t = 0; t < kNumMemoryTags; ++t) tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = tag_peak[t];
+  return json{{"peak", peak},           {"peak_where", peak_where}, {"external", external}, {"budget", budget},
+              {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
+              {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags}};
+}
+
+std::string MemoryPlan::table() const {
+  std::ostringstream os;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "plan: %s, %s, recompute %s, %.2fM parameters, %lld tokens per micro-batch\n",
+                device.c_str(), precision.c_str(), recompute.c_str(), parameters / 1e6, static_cast<long long>(tokens));
+  os << buf;
+  for (int t = 0; t < kNumMemoryTags; ++t) {
+    if (tag_peak[t] == 0) continue;
+    std::snprintf(buf, sizeof buf, "  %-16s %14s\n", std::string(tag_name(static_cast<MemoryTag>(t))).c_str(),
+                  format_bytes(tag_peak[t]).c_str());
+    os << buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %-16s %14s  (%s)\n", "peak in use", format_bytes(peak).c_str(), peak_where.c_str());
+  os << buf;
+  std::snprintf(buf, sizeof buf, "  %-16s %14s\n", "+ external", format_bytes(peak + external).c_str());
+  os << buf;
+  if (budget > 0) {
+    std::snprintf(buf, sizeof buf, "%s: budget %s, headroom %s\n", fits ? "FITS" : "DOES NOT FIT",
+                  format_bytes(budget).c_str(), format_bytes(headroom).c_str());
+    os << buf;
+  }
+  return os.str();
+}
+
+}  // namespace kestrel::train
