@@ -78,6 +78,9 @@ int profile(const Args& a) {
   }
   trace.set_event_logging(false);
   popt.budget = memory_budget(dev);
+  // On the CPU the trainer does not enforce a budget; the requested one is still drawn for reference.
+  if (popt.budget == 0 && !cfg["memory_budget"].get<std::string>().empty())
+    popt.budget = parse_bytes(cfg["memory_budget"].get<std::string>());
   train::MemoryProfile p = train::analyze_memory(trace.events(), start, trace.snapshot(), popt);
   p.meta = {{"config", a.config},          {"steps", a.steps},
             {"precision", plan.precision}, {"recompute", plan.recompute},
