@@ -22,13 +22,13 @@ secs=()
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 limit=$2
   shift 2
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  local t1=$(date +%s.%N)
+  local t1=$(date +%s%N)
   names+=("$name")
   codes+=("$rc")
-  secs+=("$(echo "$t1 - $t0" | bc)")
+  secs+=("$(( (t1 - t0) / 1000000 ))")
   echo "== $name: exit $rc"
   tail -n 4 "$OUT/$name.log"
 }
@@ -53,7 +53,7 @@ fi
 
 echo
 echo "== summary ($(cat "$OUT/gpu.txt"))"
-printf '%-26s %6s %8s\n' step exit seconds
-for i in "${!names[@]}"; do printf '%-26s %6s %8.1f\n' "${names[$i]}" "${codes[$i]}" "${secs[$i]}"; done
+printf '%-26s %6s %8s\n' step exit ms
+for i in "${!names[@]}"; do printf '%-26s %6s %8s\n' "${names[$i]}" "${codes[$i]}" "${secs[$i]}"; done
 grep -h -E "held-out captions|trained [0-9]+ steps" "$OUT/quickstart_gpu.log" 2>/dev/null
 tail -n 6 "$OUT/compare_hf.log" 2>/dev/null

@@ -118,7 +118,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& t
   KESTREL_CHECK(V > 0, kOp, "vocabulary must not be empty, got ", logits.str());
   const DType ct = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   Tensor y = check_labels(labels, N, V, options.ignore_index, kOp).to(Device::cpu());
-  Tensor tw = check_token_weights(token_weights, N, DType::F64, logits, kOp);
+  Tensor tw = check_token_weights(token_weights, N, ct, logits, kOp);
 
   // The valid-token mask and the one-hot label matrix, built on the host (this is the oracle).
   std::vector<float> valid(N, 0.0f), onehot(N * V, 0.0f);

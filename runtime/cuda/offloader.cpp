@@ -5,10 +5,16 @@
 //   record_stream(D2H), so it returns to the cache when the copy has completed and the compute stream
 //   never waits. prefetch() copies it back on the H2D stream; get() makes the compute stream wait
 //   on that copy's event only.
+//   Back-pressure: at most KESTREL_OFFLOAD_INFLIGHT_MB (default 256) of offload copies may be in
+//   flight per device. Past that the host waits for the oldest copy, so the device blocks return
+//   to the cache before new activations are allocated: when compute outruns the copy engine the
+//   peak stays bounded (the step slows instead of the footprint growing).
 // - spillable tensors: the budget ladder's spill step copies them out synchronously and frees them.
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <deque>
 #include <list>
 #include <mutex>
 
@@ -39,6 +45,43 @@ class Event {
   cudaEvent_t e_;
 };
 
+// Offload copies in flight on one device, oldest first.
+struct InFlight {
+  std::mutex mu;
+  std::deque<std::pair<std::shared_ptr<Event>, int64_t>> copies;
+  int64_t bytes = 0;
+};
+InFlight g_inflight[64];
+
+int64_t inflight_limit() {
+  static const int64_t limit = [] {
+    const char* e = std::getenv("KESTREL_OFFLOAD_INFLIGHT_MB");
+    int64_t mb = e ? std::atoll(e) : 256;
+    return (mb > 0 ? mb : 256) << 20;
+  }();
+  return limit;
+}
+
+// Records a new copy and waits (host side) for the oldest ones while too many bytes are in flight.
+void throttle(int device, std::shared_ptr<Event> done, int64_t bytes) {
+  InFlight& f = g_inflight[device];
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.copies.emplace_back(std::move(done), bytes);
+  f.bytes += bytes;
+  while (!f.copies.empty()) {
+    auto& [ev, b] = f.copies.front();
+    cudaError_t q = cudaEventQuery(ev->get());
+    if (q == cudaErrorNotReady) {
+      if (f.bytes <= inflight_limit()) break;
+      KESTREL_CUDA_CHECK(cudaEventSynchronize(ev->get()));
+    } else {
+      KESTREL_CUDA_CHECK(q);
+    }
+    f.bytes -= b;
+    f.copies.pop_front();
+  }
+}
+
 class CudaOffloadHandle final : public autograd::OffloadHandle {
  public:
   explicit CudaOffloadHandle(const Tensor& t) : device_(t.device().index), shape_(t.shape()), dtype_(t.dtype()) {
@@ -50,9 +93,11 @@ class CudaOffloadHandle final : public autograd::OffloadHandle {
     cudaStream_t compute = current_stream(device_);
     stream_wait(c.d2h(), compute);  // the producer of t has run
     KESTREL_CUDA_CHECK(cudaMemcpyAsync(host_.data(), src.data_ptr(), bytes_, cudaMemcpyDeviceToHost, c.d2h()));
-    KESTREL_CUDA_CHECK(cudaEventRecord(d2h_done_.get(), c.d2h()));
+    KESTREL_CUDA_CHECK(cudaEventRecord(d2h_done_->get(), c.d2h()));
     // The block may return to the cache only after the copy has read it.
     allocator_for(t.device()).record_stream(src.storage()->allocation(), c.d2h());
+    src = Tensor();
+    throttle(device_, d2h_done_, static_cast<int64_t>(bytes_));
     memory_trace(t.device()).on_spill(static_cast<int64_t>(bytes_), false);
     g_counters[device_].offloaded += static_cast<int64_t>(bytes_);
     g_counters[device_].count += 1;
@@ -68,7 +113,7 @@ class CudaOffloadHandle final : public autograd::OffloadHandle {
       restored_ = Tensor::empty(shape_, dtype_, Device::cuda(device_));  // a block of the compute stream
     }
     stream_wait(c.h2d(), compute);  // its previous users on the compute stream are done
-    KESTREL_CUDA_CHECK(cudaStreamWaitEvent(c.h2d(), d2h_done_.get(), 0));
+    KESTREL_CUDA_CHECK(cudaStreamWaitEvent(c.h2d(), d2h_done_->get(), 0));
     KESTREL_CUDA_CHECK(cudaMemcpyAsync(restored_.data_ptr(), host_.data(), bytes_, cudaMemcpyHostToDevice, c.h2d()));
     KESTREL_CUDA_CHECK(cudaEventRecord(h2d_done_.get(), c.h2d()));
     host_.record(c.h2d());  // the pinned buffer is reusable once this copy is done
@@ -91,7 +136,8 @@ class CudaOffloadHandle final : public autograd::OffloadHandle {
   DType dtype_;
   size_t bytes_ = 0;
   PinnedBuffer host_;
-  Event d2h_done_, h2d_done_;
+  std::shared_ptr<Event> d2h_done_ = std::make_shared<Event>();
+  Event h2d_done_;
   Tensor restored_;
 };
 

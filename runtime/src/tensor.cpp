@@ -20,7 +20,11 @@ std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device de
   for (int64_t d : shape) KESTREL_CHECK(d >= 0, "tensor", "negative dimension in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   size_t bytes = static_cast<size_t>(kestrel::numel(shape)) * dtype_size(dtype);
-  if (device.is_cuda()) (void)detail::cuda_backend();  // clear error when CUDA is absent
+  if (device.is_cuda()) {
+    (void)detail::cuda_backend();  // clear error when CUDA is absent
+    KESTREL_CHECK(dtype != DType::F64, "tensor", "f64 tensors are CPU-only (the test oracle dtype); use f32 on ",
+                  device.str());
+  }
   impl->storage = std::make_shared<Storage>(bytes, device, current_memory_tag());
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);

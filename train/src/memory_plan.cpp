@@ -329,6 +329,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     sc.image_size = d["image_size"];
     sc.seed = d["seed"];
     sc.noise = d["noise"];
+    sc.shape_scale = d["shape_scale"];
     ShapesDataset ds(sc);
     ByteTokenizer tok;
     std::vector<uint8_t> img(static_cast<size_t>(ds.image_bytes()));

@@ -54,6 +54,8 @@ uint64_t shapes_hash(uint64_t seed, uint64_t index, uint64_t counter) {
 }
 
 ShapesDataset::ShapesDataset(ShapesConfig config) : config_(config) {
+  KESTREL_CHECK(config_.shape_scale > 0.2 && config_.shape_scale <= 1.6, kComp, "shape_scale must lie in (0.2, 1.6], got ",
+                config_.shape_scale);
   KESTREL_CHECK(config_.image_size >= 12 && config_.image_size <= 4096, kComp, "image_size must lie in [12, 4096], got ",
                 config_.image_size);
   KESTREL_CHECK(config_.noise >= 0 && config_.noise <= 16, kComp,
@@ -114,7 +116,7 @@ ShapeSample ShapesDataset::render(uint64_t index, std::span<uint8_t> out) const 
   const int row = s.position / 3, col = s.position % 3;
   const double cx = (col + 0.5) * cell + (rng.uniform(kJitterX) - 0.5) * 0.2 * cell;
   const double cy = (row + 0.5) * cell + (rng.uniform(kJitterY) - 0.5) * 0.2 * cell;
-  const double r = cell * (0.28 + 0.10 * rng.uniform(kRadius));
+  const double r = cell * (0.28 + 0.10 * rng.uniform(kRadius)) * config_.shape_scale;
   s.centre_x = static_cast<int64_t>(std::floor(cx));
   s.centre_y = static_cast<int64_t>(std::floor(cy));
 

@@ -14,6 +14,7 @@ json default_train_config() {
         {"image_size", 32},
         {"seed", 1},
         {"noise", 8},
+        {"shape_scale", 1.0},
         {"train_files", ""},
         {"seq_len", 256},
         {"eval_offset", 1000000000},

@@ -133,6 +133,7 @@ struct Trainer::Impl {
     sc.image_size = d["image_size"];
     sc.seed = d["seed"];
     sc.noise = d["noise"];
+    sc.shape_scale = d["shape_scale"];
     data = std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
     AdamWOptions ao;
     ao.lr = tr["lr"];

@@ -82,6 +82,7 @@ TEST(ModelsCuda, VlmPoliciesKeepGradients) {
   v.vision_config.image_size = 16;
   v.vision_config.patch_size = 4;
   v.pixel_shuffle_factor = 2;
+  v.projector_hidden_size = 48;
   v.image_token_id = 96;
   Device d = Device::cuda(0);
   Vlm m(v, DType::BF16, d, 5);

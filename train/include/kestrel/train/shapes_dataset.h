@@ -21,6 +21,7 @@ struct ShapesConfig {
   int64_t image_size = 32;  // square images, image_size x image_size
   uint64_t seed = 0;
   int noise = 8;  // per-pixel noise amplitude (uniform in [-noise, noise])
+  double shape_scale = 1.0;  // shape radius = cell * (0.28 + 0.10 u) * shape_scale, cell = image_size / 3
 };
 
 struct ShapeSample {
