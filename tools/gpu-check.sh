@@ -41,6 +41,8 @@ step quickstart_gpu 120 "$B/kestrel-train" --config configs/quickstart_vlm.json 
 step compare_hf 120 python3 tools/compare_hf.py --kestrel-grad "$B/kestrel-grad" --out "$OUT/compare_hf"
 
 if [ "$MODE" = full ]; then
+  step mem_plan_1b 60 "$B/kestrel-mem" plan --config configs/vlm_1b_8k.json
+  step mem_profile_1b 120 "$B/kestrel-mem" profile --config configs/vlm_1b_8k.json --steps 2 --out "$OUT/mem_1b"
   step bench_flash_attention 150 "$B/bench_flash_attention"
   step torch_attention 150 python3 bench/attention_vs_torch.py
   step bench_fused_ce 120 "$B/bench_fused_linear_cross_entropy"
@@ -56,4 +58,5 @@ echo "== summary ($(cat "$OUT/gpu.txt"))"
 printf '%-26s %6s %8s\n' step exit ms
 for i in "${!names[@]}"; do printf '%-26s %6s %8s\n' "${names[$i]}" "${codes[$i]}" "${secs[$i]}"; done
 grep -h -E "held-out captions|trained [0-9]+ steps" "$OUT/quickstart_gpu.log" 2>/dev/null
+tail -n 12 "$OUT/mem_plan_1b.log" "$OUT/mem_profile_1b.log" 2>/dev/null
 tail -n 6 "$OUT/compare_hf.log" 2>/dev/null

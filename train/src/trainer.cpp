@@ -18,6 +18,7 @@
 #include "kestrel/models/vlm.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/runtime/accumulate.h"
+#include "kestrel/runtime/log.h"
 #include "kestrel/runtime/memory_budget.h"
 #if KESTREL_WITH_CUDA
 #include "kestrel/runtime/cuda_memory.h"
@@ -80,7 +81,15 @@ struct Trainer::Impl {
   // has the failing step's timeline; a profiler that owns the log turns the clearing off.
   bool memory_profiling = false;
   MemorySnapshot log_start;
-  std::function<void(const std::string&)> log = [](const std::string& s) { std::printf("%s\n", s.c_str()); std::fflush(stdout); };
+  // Progress lines go to the library's log callback when an embedding app installed one, else stdout.
+  std::function<void(const std::string&)> log = [](const std::string& s) {
+    if (log_callback_installed()) {
+      log_message(LogLevel::Info, "train", s);
+    } else {
+      std::printf("%s\n", s.c_str());
+      std::fflush(stdout);
+    }
+  };
 
   explicit Impl(const json& c) : cfg(c) {
     std::string dev = cfg["device"];
