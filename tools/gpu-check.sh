@@ -45,7 +45,7 @@ if [ "$MODE" = full ]; then
   step mem_plan_1b 60 "$B/kestrel-mem" plan --config configs/vlm_1b_8k.json
   step mem_profile_1b 120 "$B/kestrel-mem" profile --config configs/vlm_1b_8k.json --steps 2 --out "$OUT/mem_1b"
   # T=8192 rows only here; the full T sweep is bench/notes/flash_attention.md.
-  step bench_flash_attention 90 "$B/bench_flash_attention" --benchmark_filter='/8192/'
+  step bench_flash_attention 90 "$B/bench_flash_attention" --benchmark_filter='T:8192/'
   step torch_attention 90 python3 bench/attention_vs_torch.py --quick
   step bench_fused_ce 90 "$B/bench_fused_linear_cross_entropy"
   step torch_fused_ce 90 python3 bench/fused_ce_vs_torch.py

@@ -53,6 +53,9 @@ void add_norm_cases(std::vector<OpCase>& cases) {
         return {norm_reference(in[0], in[1], Tensor(), eps, false)};
       };
       c.gradcheck = grad;
+      // C == 1: dx = w * eps / (x^2 + eps)^1.5 is all cancellation (1 - xhat^2); f32 on two devices
+      // agrees only to ~1e-2 there, so this degenerate class gets a looser f32 bound.
+      if (C == 1) c.tol.f32 = 3e-2;
       cases.push_back(c);
     }
     {
