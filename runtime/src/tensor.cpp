@@ -55,22 +55,26 @@ Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
   return from_vector(v, {n}, dtype, device);
 }
 
-Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype, Device device) {
+namespace {
+// Copies host values of type T (stored as `host_dtype`) into a new tensor of `dtype` on `device`.
+template <typename T>
+Tensor tensor_from_values(const std::vector<T>& values, DType host_dtype, const Shape& shape, DType dtype,
+                          Device device) {
   KESTREL_CHECK(static_cast<int64_t>(values.size()) == kestrel::numel(shape), "tensor", "from_vector: ",
                 values.size(), " values for shape ", shape_str(shape));
-  Tensor host = from_blob(const_cast<float*>(values.data()), shape, DType::F32, Device::cpu());
-  Tensor out = empty(shape, dtype, device);
+  Tensor host = Tensor::from_blob(const_cast<T*>(values.data()), shape, host_dtype, Device::cpu());
+  Tensor out = Tensor::empty(shape, dtype, device);
   out.copy_(host);
   return out;
 }
+}  // namespace
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype, Device device) {
+  return tensor_from_values(values, DType::F32, shape, dtype, device);
+}
 
 Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape, DType dtype, Device device) {
-  KESTREL_CHECK(static_cast<int64_t>(values.size()) == kestrel::numel(shape), "tensor", "from_vector: ",
-                values.size(), " values for shape ", shape_str(shape));
-  Tensor host = from_blob(const_cast<int64_t*>(values.data()), shape, DType::I64, Device::cpu());
-  Tensor out = empty(shape, dtype, device);
-  out.copy_(host);
-  return out;
+  return tensor_from_values(values, DType::I64, shape, dtype, device);
 }
 
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> keep_alive) {

@@ -101,7 +101,7 @@ TEST(MemoryPlan, BudgetAnswersAndFindMaxAreConsistent) {
   EXPECT_EQ(tight.headroom, tight.budget - tight.peak - tight.external);
   // A larger batch never needs less memory.
   json big = cfg;
-  big["train"]["batch_size"] = 32;
+  big["train"]["batch_size"] = 2 * cfg["train"]["batch_size"].get<int64_t>();
   EXPECT_GT(plan_memory(big).peak, tight.peak);
 }
 
