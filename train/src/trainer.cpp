@@ -37,17 +37,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string human_bytes(int64_t b) {
-  char buf[32];
-  double v = static_cast<double>(b);
-  const char* unit = "B";
-  if (v >= 1024.0 * 1024 * 1024) v /= 1024.0 * 1024 * 1024, unit = "GiB";
-  else if (v >= 1024.0 * 1024) v /= 1024.0 * 1024, unit = "MiB";
-  else if (v >= 1024.0) v /= 1024.0, unit = "KiB";
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
-  return buf;
-}
-
 // Words of a shapes caption "a <colour> <shape> at the <position...>".
 struct CaptionParts {
   std::string colour, shape, position;
@@ -209,8 +198,8 @@ struct Trainer::Impl {
     for (int t = 0; t < kNumMemoryTags; ++t)
       if (s.tags[t].peak > 0) tags.emplace_back(s.tags[t].peak, std::string(tag_name(static_cast<MemoryTag>(t))));
     std::sort(tags.rbegin(), tags.rend());
-    std::string line = "peak " + human_bytes(device.is_cuda() ? s.peak_footprint : s.peak_in_use) + " (";
-    for (size_t i = 0; i < tags.size() && i < 3; ++i) line += (i ? ", " : "") + tags[i].second + " " + human_bytes(tags[i].first);
+    std::string line = "peak " + format_bytes(device.is_cuda() ? s.peak_footprint : s.peak_in_use) + " (";
+    for (size_t i = 0; i < tags.size() && i < 3; ++i) line += (i ? ", " : "") + tags[i].second + " " + format_bytes(tags[i].first);
     return line + ")";
   }
 
@@ -294,7 +283,6 @@ TrainSummary Trainer::run() {
   Impl& I = *impl_;
   fs::create_directories(I.out_dir);
   std::ofstream metrics(I.out_dir + "/metrics.jsonl", I.step > 0 ? std::ios::app : std::ios::trunc);
-  const json& tr = I.cfg["train"];
   const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
   const int64_t keep = I.cfg["keep_checkpoints"];
@@ -357,7 +345,6 @@ TrainSummary Trainer::run() {
     }
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
-  (void)tr;
   if (!I.memory_profiling) {
     memory_trace(I.device).set_event_logging(false);
     memory_trace(I.device).clear_events();
