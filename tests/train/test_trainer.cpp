@@ -6,6 +6,8 @@
 
 #include "kestrel/models/config.h"
 #include "kestrel/train/train_config.h"
+#include "kestrel/train/token_data.h"
+#include "kestrel/train/token_file.h"
 #include "kestrel/train/trainer.h"
 #include "../../train/src/checkpoint_io.h"
 
@@ -118,6 +120,96 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   json bad = tiny_run(tmp("bad"), 1);
   bad["model"]["config"]["text_config"]["num_attention_heads"] = 3;
   EXPECT_THROW(Trainer t(bad), Error);
+}
+
+}  // namespace
+}  // namespace kestrel::train
+
+namespace kestrel::train {
+namespace {
+
+// Documents "<0> a a+1 a+2 ..." (a from the document index): predictable after the first token.
+std::string write_token_docs(const std::string& dir, int64_t vocab, int docs, TokenFormat fmt) {
+  fs::create_directories(dir);
+  std::vector<uint32_t> toks;
+  for (int d = 0; d < docs; ++d) {
+    toks.push_back(0);
+    uint32_t a = 1 + static_cast<uint32_t>((d * 7) % (vocab - 12));
+    int len = 5 + d % 9;
+    for (int i = 0; i < len; ++i) toks.push_back(a + static_cast<uint32_t>(i));
+  }
+  std::string path = dir + "/train_000.bin";
+  write_token_file(path, toks, fmt);
+  return path;
+}
+
+json decoder_run(const std::string& out_dir, const std::string& files, int64_t steps) {
+  json text = {{"model_type", "llama"}, {"vocab_size", 48}, {"hidden_size", 32}, {"intermediate_size", 64},
+               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+  json user = {{"model", {{"type", "decoder"}, {"config", text}}},
+               {"data", {{"type", "tokens"}, {"train_files", files}, {"seq_len", 32}, {"doc_start_token", 0}}},
+               {"train", {{"steps", steps}, {"batch_size", 4}, {"lr", 1e-2}, {"warmup_steps", 2}}},
+               {"device", "cpu"},
+               {"log_every", 1000},
+               {"out_dir", out_dir}};
+  return resolve_train_config(user, "test");
+}
+
+TEST(TokenStream, PacksDocumentsAtTheSeparator) {
+  std::string dir = tmp("stream");
+  std::string f = write_token_docs(dir, 48, 40, TokenFormat::U32);
+  TokenStream s(f, 48, 0);
+  TokenBatch b = s.batch(0, 2, 16, Device::cpu());
+  std::vector<int64_t> ids = b.input_ids.to_int_vector(), labels = b.labels.to_int_vector();
+  std::vector<int64_t> pos = b.layout.positions.to_int_vector(), cu = b.layout.cu_seqlens.to_int_vector();
+  std::vector<int64_t> stream = s.read(0, 33);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(ids[i], stream[i]);
+    EXPECT_EQ(labels[i], stream[i + 1]);  // next token, also across the row end
+    if (ids[i] == 0) EXPECT_EQ(pos[i], 0);  // documents restart at the separator
+    if (i > 0 && ids[i] != 0) EXPECT_EQ(pos[i], pos[i - 1] + 1);
+  }
+  EXPECT_EQ(pos[16], 0);  // rows never continue a document
+  EXPECT_EQ(cu.back(), 32);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, DecoderOnTokenFilesLearns) {
+  std::string dir = tmp("decoder");
+  std::string f = write_token_docs(dir + "/data", 48, 400, TokenFormat::U16);
+  Trainer t(decoder_run(dir, dir + "/data/train_*.bin", 40));
+  t.set_log_callback([](const std::string&) {});
+  TrainSummary s = t.run();
+  EXPECT_LT(s.last_loss, 0.5 * s.first_loss) << s.first_loss << " -> " << s.last_loss;
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, TokenDataErrorsNameTheProblem) {
+  std::string dir = tmp("tokerr");
+  std::string f = write_token_docs(dir, 64, 50, TokenFormat::U16);  // ids up to ~63 >= vocab 48
+  auto message = [&](const json& cfg) {
+    try {
+      Trainer t(cfg);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string m = message(decoder_run(dir + "/out", f, 1));
+  EXPECT_NE(m.find("vocab"), std::string::npos) << m;
+  EXPECT_NE(m.find("position"), std::string::npos) << m;
+  m = message(decoder_run(dir + "/out", dir + "/nothing_*.bin", 1));
+  EXPECT_NE(m.find("nothing_"), std::string::npos) << m;
+  {
+    std::ofstream bad(dir + "/bad.bin", std::ios::binary);
+    bad << "not a token file";
+  }
+  m = message(decoder_run(dir + "/out", dir + "/bad.bin", 1));
+  EXPECT_NE(m.find("bad.bin"), std::string::npos) << m;
+  json wrong = decoder_run(dir + "/out", f, 1);
+  wrong["data"]["type"] = "shapes";
+  EXPECT_NE(message(wrong).find("data.type"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace

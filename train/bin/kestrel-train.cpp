@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       std::printf("memory report: %s\n", s.memory_report_path.c_str());
     }
     train::EvalResult e = trainer.evaluate();
-    std::printf("held-out captions: %.1f%% exactly right (colour %.1f%%, shape %.1f%%, position %.1f%%) over %lld images\n",
+    if (e.samples > 0) std::printf("held-out captions: %.1f%% exactly right (colour %.1f%%, shape %.1f%%, position %.1f%%) over %lld images\n",
                 100 * e.caption_accuracy, 100 * e.colour_accuracy, 100 * e.shape_accuracy, 100 * e.position_accuracy,
                 static_cast<long long>(e.samples));
     for (auto& [want, got] : e.examples) std::printf("  expected: %-34s generated: %s\n", want.c_str(), got.c_str());

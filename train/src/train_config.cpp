@@ -17,6 +17,7 @@ json default_train_config() {
         {"shape_scale", 1.0},
         {"train_files", ""},
         {"seq_len", 256},
+        {"doc_start_token", -1},
         {"eval_offset", 1000000000},
         {"eval_samples", 100}}},
       {"train",

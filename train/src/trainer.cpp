@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "checkpoint_io.h"
+#include "tasks.h"
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
-#include "kestrel/models/vlm.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/runtime/accumulate.h"
 #include "kestrel/runtime/log.h"
@@ -28,7 +28,6 @@
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/schedule.h"
-#include "kestrel/train/vlm_data.h"
 
 namespace kestrel::train {
 
@@ -37,20 +36,6 @@ using nlohmann::json;
 
 namespace {
 
-// Words of a shapes caption "a <colour> <shape> at the <position...>".
-struct CaptionParts {
-  std::string colour, shape, position;
-};
-CaptionParts split_caption(const std::string& c) {
-  CaptionParts p;
-  std::istringstream is(c);
-  std::string a, at, the;
-  is >> a >> p.colour >> p.shape >> at >> the;
-  std::getline(is, p.position);
-  if (!p.position.empty() && p.position.front() == ' ') p.position.erase(0, 1);
-  return p;
-}
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -58,8 +43,7 @@ struct Trainer::Impl {
   Device device;
   DType dtype;
   autograd::RecomputePolicy policy;
-  std::unique_ptr<models::Vlm> vlm;
-  std::unique_ptr<ShapesVlmData> data;
+  std::unique_ptr<Task> task;
   std::unique_ptr<AdamW> optim;
   LrSchedule schedule;
   int64_t step = 0;  // completed steps
@@ -110,39 +94,18 @@ struct Trainer::Impl {
                   "train.batch_size, train.grad_accum and train.steps must be positive");
     schedule = LrSchedule{tr["lr"], tr["min_lr"], tr["warmup_steps"], total_steps};
 
-    std::string type = cfg["model"]["type"];
-    KESTREL_CHECK(type == "vlm", "train", "model.type '", type, "' is not supported yet; use \"vlm\"");
-    models::VlmConfig mc = cfg["model"]["config_path"].get<std::string>().empty()
-                               ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
-                               : models::VlmConfig::from_file(cfg["model"]["config_path"]);
-    const json& d = cfg["data"];
-    KESTREL_CHECK(d["type"] == "shapes", "train", "data.type '", d["type"].get<std::string>(),
-                  "' is not supported for the vlm yet; use \"shapes\"");
-    KESTREL_CHECK(d["image_size"].get<int64_t>() == mc.vision_config.image_size, "train", "data.image_size (",
-                  d["image_size"].get<int64_t>(), ") must equal the vision config's image_size (",
-                  mc.vision_config.image_size, ")");
-    uint64_t seed = tr["seed"];
-    {
-      TagScope tag(MemoryTag::Parameter);
-      vlm = std::make_unique<models::Vlm>(mc, dtype, device, seed);
-    }
-    if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(vlm->parameters(), init);
-    ShapesConfig sc;
-    sc.image_size = d["image_size"];
-    sc.seed = d["seed"];
-    sc.noise = d["noise"];
-    sc.shape_scale = d["shape_scale"];
-    data = std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
+    task = make_task(cfg, dtype, device);
+    if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(task->parameters(), init);
     AdamWOptions ao;
     ao.lr = tr["lr"];
     ao.beta1 = tr["beta1"];
     ao.beta2 = tr["beta2"];
     ao.eps = tr["eps"];
     ao.weight_decay = tr["weight_decay"];
-    optim = std::make_unique<AdamW>(vlm->parameters(), ao);
+    optim = std::make_unique<AdamW>(task->parameters(), ao);
   }
 
-  int64_t num_params() const { return vlm->parameters().numel(); }
+  int64_t num_params() const { return task->parameters().numel(); }
 
   // One optimizer step; returns {mean loss over micro-batches, grad norm, tokens}.
   std::tuple<double, double, int64_t> train_step() {
@@ -154,19 +117,15 @@ struct Trainer::Impl {
       log_start = memory_trace(dev).snapshot();
     }
     for (int64_t m = 0; m < accum; ++m) {
-      uint64_t first = static_cast<uint64_t>((step * accum + m) * batch_size);
-      models::VlmBatch b;
-      {
-        MemoryLabelScope label("data");
-        b = data->batch(first, batch_size);
-      }
-      tokens += b.input_ids.numel();
+      const uint64_t index = static_cast<uint64_t>(step * accum + m);  // data order: a function of the step
       Tensor loss;
+      int64_t micro_tokens = 0;
       {
         PhaseScope ph(dev, "forward");
         TagScope tag(MemoryTag::Activation);
-        loss = vlm->loss(b, policy);
+        loss = task->micro_batch_loss(index, batch_size, policy, micro_tokens);
       }
+      tokens += micro_tokens;
       {
         PhaseScope ph(dev, "backward");
         TagScope tag(MemoryTag::Gradient);
@@ -182,11 +141,11 @@ struct Trainer::Impl {
       TagScope tag(MemoryTag::OptimizerState);
       MemoryLabelScope label("optimizer");
       std::vector<Tensor> grads;
-      for (auto& [name, p] : vlm->parameters().items())
+      for (auto& [name, p] : task->parameters().items())
         if (p->grad().defined()) grads.push_back(p->grad());
       gnorm = clip_grad_norm(grads, grad_clip);
       optim->step(schedule.at(step + 1));
-      vlm->parameters().zero_grad();
+      task->parameters().zero_grad();
     }
     ++step;
     return {loss_sum / static_cast<double>(accum), gnorm, tokens};
@@ -232,35 +191,7 @@ struct Trainer::Impl {
     }
   }
 
-  EvalResult evaluate() {
-    const json& d = cfg["data"];
-    const int64_t n = d["eval_samples"];
-    const uint64_t offset = d["eval_offset"];
-    EvalResult r;
-    const int64_t chunk = 50;
-    int correct = 0, colour = 0, shape = 0, position = 0;
-    for (int64_t first = 0; first < n; first += chunk) {
-      int64_t count = std::min(chunk, n - first);
-      std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(count), data->prompt());
-      auto outs = vlm->generate_greedy(data->pixels(offset + first, count), prompts, 48, ByteTokenizer::kEos);
-      for (int64_t i = 0; i < count; ++i) {
-        std::string want = data->dataset().sample(offset + first + i).caption;
-        std::string got = data->tokenizer().decode(outs[i]);
-        CaptionParts a = split_caption(want), b = split_caption(got);
-        correct += got == want;
-        colour += a.colour == b.colour;
-        shape += a.shape == b.shape;
-        position += a.position == b.position;
-        if (r.examples.size() < 5) r.examples.emplace_back(want, got);
-      }
-    }
-    r.samples = n;
-    r.caption_accuracy = n ? static_cast<double>(correct) / n : 0;
-    r.colour_accuracy = n ? static_cast<double>(colour) / n : 0;
-    r.shape_accuracy = n ? static_cast<double>(shape) / n : 0;
-    r.position_accuracy = n ? static_cast<double>(position) / n : 0;
-    return r;
-  }
+  EvalResult evaluate() { return task->evaluate(); }
 };
 
 Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config)) {}
@@ -274,7 +205,7 @@ void Trainer::resume(const std::string& checkpoint) {
   if (checkpoint.empty()) return;
   std::string dir = checkpoint == "latest" ? latest_checkpoint(impl_->out_dir) : checkpoint;
   KESTREL_CHECK(!dir.empty(), "train", "--resume latest: no checkpoint under ", impl_->out_dir, "/checkpoints");
-  int64_t step = load_checkpoint(dir, impl_->vlm->parameters(), *impl_->optim);
+  int64_t step = load_checkpoint(dir, impl_->task->parameters(), *impl_->optim);
   impl_->step = step;
   impl_->log("resumed from " + dir + " at step " + std::to_string(step));
 }
@@ -287,8 +218,8 @@ TrainSummary Trainer::run() {
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
   const int64_t keep = I.cfg["keep_checkpoints"];
   char buf[512];
-  std::snprintf(buf, sizeof buf, "kestrel-train: vlm with %.2fM parameters on %s (%s), batch %lld x %lld, %lld steps, recompute %s",
-                I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
+  std::snprintf(buf, sizeof buf, "kestrel-train: %s with %.2fM parameters on %s (%s), batch %lld x %lld, %lld steps, recompute %s",
+                I.task->name().c_str(), I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
                 static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
   I.log(buf);
@@ -334,13 +265,13 @@ TrainSummary Trainer::run() {
     }
     if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
       EvalResult e = I.evaluate();
-      std::snprintf(buf, sizeof buf, "eval @ %lld: caption accuracy %.1f%% (colour %.1f%%, shape %.1f%%, position %.1f%%)",
+      if (e.samples > 0) std::snprintf(buf, sizeof buf, "eval @ %lld: caption accuracy %.1f%% (colour %.1f%%, shape %.1f%%, position %.1f%%)",
                     static_cast<long long>(I.step), 100 * e.caption_accuracy, 100 * e.colour_accuracy,
                     100 * e.shape_accuracy, 100 * e.position_accuracy);
-      I.log(buf);
+      if (e.samples > 0) I.log(buf);
     }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
-      std::string dir = save_checkpoint(I.out_dir, I.step, I.vlm->parameters(), *I.optim, I.cfg, keep);
+      std::string dir = save_checkpoint(I.out_dir, I.step, I.task->parameters(), *I.optim, I.cfg, keep);
       I.log("checkpoint " + dir);
     }
   }
