@@ -6,7 +6,10 @@
 
 #include "kestrel/models/config.h"
 #include "kestrel/train/train_config.h"
+#include "kestrel/train/image_io.h"
+#include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/token_data.h"
+#include "kestrel/train/vlm_data.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/trainer.h"
 #include "../../train/src/checkpoint_io.h"
@@ -210,6 +213,85 @@ TEST(Trainer, TokenDataErrorsNameTheProblem) {
   wrong["data"]["type"] = "shapes";
   EXPECT_NE(message(wrong).find("data.type"), std::string::npos);
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kestrel::train
+
+namespace kestrel::train {
+namespace {
+
+// Writes `n` shapes images as PPM files with a JSONL index; returns the JSONL path.
+std::string write_image_text(const std::string& dir, int n, int64_t size) {
+  fs::create_directories(dir + "/img");
+  ShapesConfig sc;
+  sc.image_size = size;
+  sc.seed = 3;
+  ShapesDataset d(sc);
+  std::ofstream f(dir + "/train.jsonl");
+  for (int i = 0; i < n; ++i) {
+    ShapeSample s = d.sample(static_cast<uint64_t>(i));
+    std::string name = "img/" + std::to_string(i) + ".ppm";
+    write_ppm(dir + "/" + name, s.pixels, size, size);
+    f << json{{"image", name}, {"text", s.caption}}.dump() << "\n";
+  }
+  return dir + "/train.jsonl";
+}
+
+TEST(ImageText, JsonlRecordsTrainTheVlm) {
+  std::string dir = tmp("jsonl");
+  std::string path = write_image_text(dir, 24, 20);  // 20 px images, resized to the tower's 16
+  json cfg = tiny_run(dir + "/out", 15);
+  cfg["data"]["type"] = "jsonl";
+  cfg["data"]["train_files"] = path;
+  Trainer t(cfg);
+  t.set_log_callback([](const std::string&) {});
+  TrainSummary s = t.run();
+  EXPECT_LT(s.last_loss, 0.8 * s.first_loss);
+  // The batch carries the record's caption and the resized image.
+  ImageTextData data(path, 16, 4, Device::cpu(), DType::F32);
+  EXPECT_EQ(data.size(), 24);
+  models::VlmBatch b = data.batch(22, 3);  // wraps around to records 22, 23, 0
+  EXPECT_EQ(b.pixel_values.shape(), (Shape{3, 3, 16, 16}));
+  EXPECT_EQ(b.layout.cu_seqlens.to_int_vector().size(), 4u);
+  fs::remove_all(dir);
+}
+
+TEST(ImageText, ErrorsNameFileAndLine) {
+  std::string dir = tmp("jsonl_err");
+  std::string path = write_image_text(dir, 2, 16);
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "{\"image\": \"img/missing.ppm\", \"text\": \"x\"}\n";
+  }
+  try {
+    ImageTextData d(path, 16, 4, Device::cpu(), DType::F32);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("train.jsonl:3"), std::string::npos) << m;
+    EXPECT_NE(m.find("missing.ppm"), std::string::npos) << m;
+  }
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << "{\"image\": 1}\n";
+  }
+  EXPECT_THROW(ImageTextData(path, 16, 4, Device::cpu(), DType::F32), Error);
+  fs::remove_all(dir);
+}
+
+TEST(ImageText, NearestResizeSamplesPixelCentres) {
+  Image img;
+  img.width = 4;
+  img.height = 2;
+  for (int i = 0; i < 8; ++i) img.pixels.insert(img.pixels.end(), {uint8_t(i), uint8_t(10 + i), uint8_t(20 + i)});
+  std::vector<uint8_t> r = resize_nearest(img, 2);
+  ASSERT_EQ(r.size(), 12u);
+  // Output pixel centres map to source x = (2x + 1) * 4 / 4 = 1, 3 and rows 0, 1.
+  EXPECT_EQ(r[0], 1);      // (0, 0) <- source (0, 1), red
+  EXPECT_EQ(r[3], 3);      // (0, 1) <- source (0, 3)
+  EXPECT_EQ(r[6], 5);      // (1, 0) <- source (1, 1)
+  EXPECT_EQ(r[11], 27);    // (1, 1) <- source (1, 3), blue
 }
 
 }  // namespace

@@ -36,11 +36,19 @@ class VlmTask final : public Task {
  public:
   VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]) {
     models::VlmConfig mc = model_config<models::VlmConfig>(cfg);
-    KESTREL_CHECK(data_cfg_["type"] == "shapes", "train", "data.type '", data_cfg_["type"].get<std::string>(),
-                  "' does not fit model.type \"vlm\"; use \"shapes\"");
-    KESTREL_CHECK(data_cfg_["image_size"].get<int64_t>() == mc.vision_config.image_size, "train",
-                  "data.image_size (", data_cfg_["image_size"].get<int64_t>(),
-                  ") must equal the vision config's image_size (", mc.vision_config.image_size, ")");
+    const std::string type = data_cfg_["type"];
+    KESTREL_CHECK(type == "shapes" || type == "jsonl", "train", "data.type '", type,
+                  "' does not fit model.type \"vlm\"; use \"shapes\" (embedded) or \"jsonl\" (image-text records)");
+    if (type == "jsonl") {
+      const std::string path = data_cfg_["train_files"];
+      KESTREL_CHECK(!path.empty(), "train", "data.train_files must name the image-text JSONL file for data.type \"jsonl\"");
+      jsonl_ = std::make_unique<ImageTextData>(path, mc.vision_config.image_size, mc.image_tokens_per_image(), device,
+                                               dtype);
+    } else {
+      KESTREL_CHECK(data_cfg_["image_size"].get<int64_t>() == mc.vision_config.image_size, "train",
+                    "data.image_size (", data_cfg_["image_size"].get<int64_t>(),
+                    ") must equal the vision config's image_size (", mc.vision_config.image_size, ")");
+    }
     {
       TagScope tag(MemoryTag::Parameter);
       model_ = std::make_unique<models::Vlm>(mc, dtype, device, cfg["train"]["seed"].get<uint64_t>());
@@ -61,13 +69,15 @@ class VlmTask final : public Task {
     models::VlmBatch b;
     {
       MemoryLabelScope label("data");
-      b = data_->batch(index * static_cast<uint64_t>(batch_size), batch_size);
+      const uint64_t first = index * static_cast<uint64_t>(batch_size);
+      b = jsonl_ ? jsonl_->batch(first, batch_size) : data_->batch(first, batch_size);
     }
     tokens = b.input_ids.numel();
     return model_->loss(b, policy);
   }
 
   EvalResult evaluate() override {
+    if (jsonl_) return {};  // held-out captions are scored on the embedded shapes data only
     const int64_t n = data_cfg_["eval_samples"];
     const uint64_t offset = data_cfg_["eval_offset"];
     EvalResult r;
@@ -100,6 +110,7 @@ class VlmTask final : public Task {
   json data_cfg_;
   std::unique_ptr<models::Vlm> model_;
   std::unique_ptr<ShapesVlmData> data_;
+  std::unique_ptr<ImageTextData> jsonl_;
 };
 
 class DecoderTask final : public Task {

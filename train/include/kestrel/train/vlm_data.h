@@ -1,6 +1,7 @@
-// Image-caption batches for the VLM from the embedded shapes dataset: each record is
-// [<image> x tokens_per_image] <bos> caption <eos>, with the loss on the caption and <eos>.
-// Records are packed into one sequence (one document per record).
+// Image-caption batches for the VLM: each record is [<image> x tokens_per_image] <bos> caption <eos>,
+// with the loss on the caption and <eos>; records are packed into one sequence (one document per
+// record). Two sources: the embedded shapes dataset, and image-text JSONL files
+// ({"image": "path.png|.ppm", "text": "..."} per line, paths relative to the JSONL file).
 #pragma once
 
 #include <cstdint>
@@ -8,10 +9,38 @@
 #include <vector>
 
 #include "kestrel/models/vlm.h"
+#include "kestrel/train/image_io.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
 
 namespace kestrel::train {
+
+// Packs records (captions + their [count, 3, S, S] pixel values) into one VLM batch.
+models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor pixel_values,
+                                int64_t tokens_per_image, Device device);
+// [H, W, 3] u8 images (each S x S) -> [count, 3, S, S] in [-1, 1] (SigLIP: (x/255 - 0.5) / 0.5).
+Tensor normalize_images(const std::vector<const uint8_t*>& images, int64_t S, DType dtype, Device device);
+// Nearest-neighbour resize of an RGB image to S x S (identity when it already is).
+std::vector<uint8_t> resize_nearest(const Image& img, int64_t S);
+
+class ImageTextData {
+ public:
+  // Reads and validates every line (errors name file:line); images are decoded when batched.
+  ImageTextData(const std::string& jsonl_path, int64_t image_size, int64_t tokens_per_image, Device device,
+                DType pixel_dtype);
+  int64_t size() const { return static_cast<int64_t>(records_.size()); }
+  // Records [first, first + count) modulo size() as one packed batch.
+  models::VlmBatch batch(uint64_t first, int64_t count) const;
+
+ private:
+  struct Record {
+    std::string image, text;
+  };
+  std::vector<Record> records_;
+  int64_t image_size_, tokens_per_image_;
+  Device device_;
+  DType pixel_dtype_;
+};
 
 class ShapesVlmData {
  public:
