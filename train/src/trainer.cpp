@@ -257,10 +257,14 @@ TrainSummary Trainer::run() {
                    .dump()
             << "\n";
     if (I.step % log_every == 0 || I.step == 1 || I.step == I.total_steps) {
-      std::snprintf(buf, sizeof buf, "step %5lld/%lld | loss %.4f | gnorm %.3f | lr %.2e | %7.1f ms | %8.0f tok/s | MFU %s | %s",
+      // Progress: time left at the average pace of this run so far.
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+      double eta = elapsed / static_cast<double>(sum.steps) * static_cast<double>(I.total_steps - I.step);
+      std::snprintf(buf, sizeof buf,
+                    "step %5lld/%lld | loss %.4f | gnorm %.3f | lr %.2e | %7.1f ms | %8.0f tok/s | MFU %s | eta %dm%02ds | %s",
                     static_cast<long long>(I.step), static_cast<long long>(I.total_steps), loss, gnorm, lr, ms, tps,
                     peak_flops > 0 ? (std::to_string(mfu * 100).substr(0, 4) + "%").c_str() : "n/a",
-                    I.memory_line().c_str());
+                    static_cast<int>(eta) / 60, static_cast<int>(eta) % 60, I.memory_line().c_str());
       I.log(buf);
     }
     if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
