@@ -109,16 +109,21 @@ int plan_cmd(const Args& a) {
   std::printf("%s", plan.table().c_str());
   if (!a.find_max.empty()) {
     KESTREL_CHECK(plan.budget > 0, "kestrel-mem", "--find-max needs a budget (--memory-budget SIZE)");
-    std::string key;
-    if (a.find_max == "batch" || a.find_max == "batch_size") key = "batch_size";
-    else if (a.find_max == "seq_len")
-      throw make_error("kestrel-mem", "this config's sequence length is set by its data (shapes: images + captions), "
-                                      "not by a seq_len key; use --find-max batch");
-    else
+    // The searched key: train.batch_size, or data.seq_len (decoder runs on token files).
+    std::string section, key;
+    if (a.find_max == "batch" || a.find_max == "batch_size") {
+      section = "train", key = "batch_size";
+    } else if (a.find_max == "seq_len") {
+      KESTREL_CHECK(cfg["model"]["type"] == "decoder", "kestrel-mem",
+                    "this config's sequence length is set by its data (images + captions), not by data.seq_len; "
+                    "use --find-max batch");
+      section = "data", key = "seq_len";
+    } else {
       throw make_error("kestrel-mem", "--find-max takes batch or seq_len, got '", a.find_max, "'");
+    }
     auto fits = [&](int64_t v) {
       json c = cfg;
-      c["train"][key] = v;
+      c[section][key] = v;
       return train::plan_memory(c).fits;
     };
     int64_t lo = 0, hi = 1;
@@ -131,7 +136,7 @@ int plan_cmd(const Args& a) {
       std::printf("largest %s that fits: none (%s = 1 does not fit)\n", key.c_str(), key.c_str());
     else {
       json c = cfg;
-      c["train"][key] = lo;
+      c[section][key] = lo;
       train::MemoryPlan best = train::plan_memory(c);
       std::printf("largest %s that fits: %lld (peak %s + external %s, headroom %s)\n", key.c_str(),
                   static_cast<long long>(lo), format_bytes(best.peak).c_str(), format_bytes(best.external).c_str(),

@@ -277,6 +277,15 @@ class Planner {
   RecomputePolicy policy_;
 };
 
+int64_t decoder_parameter_count(const models::TextConfig& t) {
+  const int64_t C = t.hidden_size, D = t.head_dim, Hq = t.num_attention_heads, Hkv = t.num_key_value_heads;
+  const int64_t I = t.intermediate_size;
+  int64_t layer = 2 * C + (Hq + 2 * Hkv) * D * C + C * Hq * D + 3 * I * C;
+  if (t.qkv_bias()) layer += (Hq + 2 * Hkv) * D;
+  if (t.o_proj_bias()) layer += C;
+  return t.vocab_size * C + t.num_hidden_layers * layer + C + (t.tie_word_embeddings ? 0 : t.vocab_size * C);
+}
+
 int64_t vlm_parameter_count(const models::VlmConfig& mc) {
   const auto& v = mc.vision_config;
   const auto& t = mc.text_config;
@@ -286,12 +295,7 @@ int64_t vlm_parameter_count(const models::VlmConfig& mc) {
   const int64_t s = mc.pixel_shuffle_factor, C = t.hidden_size;
   const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
   int64_t proj = Hp * E * s * s + Hp + C * Hp + C;
-  const int64_t D = t.head_dim, Hq = t.num_attention_heads, Hkv = t.num_key_value_heads, I = t.intermediate_size;
-  int64_t layer = 2 * C + (Hq + 2 * Hkv) * D * C + C * Hq * D + 3 * I * C;
-  if (t.qkv_bias()) layer += (Hq + 2 * Hkv) * D;
-  if (t.o_proj_bias()) layer += C;
-  int64_t text = t.vocab_size * C + t.num_hidden_layers * layer + C + (t.tie_word_embeddings ? 0 : t.vocab_size * C);
-  return vision + proj + text;
+  return vision + proj + decoder_parameter_count(t);
 }
 
 }  // namespace
@@ -299,10 +303,20 @@ int64_t vlm_parameter_count(const models::VlmConfig& mc) {
 MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   MemoryPlan plan;
   std::string type = cfg["model"]["type"];
-  KESTREL_CHECK(type == "vlm", "plan", "model.type '", type, "' is not supported; use \"vlm\"");
-  models::VlmConfig mc = cfg["model"]["config_path"].get<std::string>().empty()
-                             ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
-                             : models::VlmConfig::from_file(cfg["model"]["config_path"]);
+  KESTREL_CHECK(type == "vlm" || type == "decoder", "plan", "model.type '", type,
+                "' is not supported; use \"vlm\" or \"decoder\"");
+  // A decoder-only run is planned as a VLM without a vision tower, projector or splice.
+  const bool vlm = type == "vlm";
+  const std::string config_path = cfg["model"]["config_path"];
+  models::VlmConfig mc;
+  if (vlm) {
+    mc = config_path.empty() ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
+                             : models::VlmConfig::from_file(config_path);
+  } else {
+    mc.text_config = config_path.empty() ? models::TextConfig::from_json(cfg["model"]["config"], "model.config")
+                                         : models::TextConfig::from_file(config_path);
+    mc.vision_config.num_hidden_layers = 0;
+  }
   std::string dev = cfg["device"];
   const bool on_cuda = dev == "auto" ? cuda_available() : dev.rfind("cuda", 0) == 0;
   std::string prec = cfg["precision"];
@@ -319,11 +333,12 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // Tokens: the largest micro-batch of the planned steps (captions vary in length).
   Shapes s;
   s.b = static_cast<int64_t>(dtype_size(dtype));
-  s.B = B;
-  const int64_t tpi = mc.image_tokens_per_image();
-  s.Tv = B * mc.vision_config.num_patches();
+  s.B = vlm ? B : 0;
+  const int64_t tpi = vlm ? mc.image_tokens_per_image() : 0;
+  s.Tv = vlm ? B * mc.vision_config.num_patches() : 0;
   s.Ti = B * tpi;
-  {
+  if (!vlm) s.T = B * cfg["data"]["seq_len"].get<int64_t>();  // rows x seq_len, every micro-batch alike
+  if (vlm) {
     const json& d = cfg["data"];
     ShapesConfig sc;
     sc.image_size = d["image_size"];
@@ -343,7 +358,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     }
   }
   plan.tokens = s.T;
-  plan.parameters = vlm_parameter_count(mc);
+  plan.parameters = vlm ? vlm_parameter_count(mc) : decoder_parameter_count(mc.text_config);
 
   Planner P(mc, s, policy);
   Ledger& L = P.led;
@@ -354,48 +369,54 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   L.alloc(MemoryTag::Parameter, pbytes);
   if (!on_cuda) {
     // CPU initialisation draws each weight as an f32 tensor (tagged Parameter) before copying it in;
-    // the last one drawn is the projector's linear_2 [C, Hp], when every other parameter exists.
+    // the last one drawn comes when every other parameter exists: the VLM's projector linear_2
+    // [C, Hp]; a decoder's untied lm_head [V, C], or with tied embeddings its last down_proj [C, I].
     const int64_t Cx = mc.text_config.hidden_size;
     const int64_t Hpx = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : Cx;
-    L.alloc(MemoryTag::Parameter, Cx * Hpx * 4);
-    L.free(MemoryTag::Parameter, Cx * Hpx * 4);
+    const int64_t last = vlm ? Cx * Hpx
+                             : (mc.text_config.tie_word_embeddings ? Cx * mc.text_config.intermediate_size
+                                                                   : Cx * mc.text_config.vocab_size);
+    L.alloc(MemoryTag::Parameter, last * 4);
+    L.free(MemoryTag::Parameter, last * 4);
   }
   L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
 
   // The batch (trainer scope: no tag -> Temporary): ids, labels, positions (i64), pixels, image slots, cu_seqlens.
   const int64_t S = mc.vision_config.image_size;
   L.where = "data";
-  L.alloc(MemoryTag::Temporary, 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4);
+  const int64_t batch_bytes = vlm ? 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4 : 3 * T * 8 + (B + 1) * 4;
+  L.alloc(MemoryTag::Temporary, batch_bytes);
 
   // ---- forward ----
   const bool regions = policy != RecomputePolicy::None;
   L.where = "forward: embed";
   L.alloc(kAct, T * C * b);  // token embeddings (live until the splice)
-  L.where = "forward: vision";
   const int64_t Tv = s.Tv, TE = Tv * E * b, P2 = mc.vision_config.patch_size * mc.vision_config.patch_size;
-  L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
-  L.alloc(kAct, TE);               // patch GEMM out
-  L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
-  L.free(kAct, TE);
-  for (int64_t l = 0; l < P.LV_; ++l) {
-    L.where = "forward: vision.block." + std::to_string(l);
-    if (regions)
-      P.vision_block_forward_nograd();
-    else
-      P.vision_block_forward_recorded(kAct);
-  }
-  L.where = "forward: projector";
-  L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
   const int64_t Ti = s.Ti, sf = mc.pixel_shuffle_factor;
   const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
-  L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
-  L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
-  L.alloc(kAct, Ti * C * b);            // linear_2 (img)
-  L.free(kAct, TE);                     // the post-layernorm output (only views of it were recorded)
-  L.where = "forward: splice";
-  L.alloc(kAct, T * C * b);             // spliced embeddings
-  L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
-  (void)sf;
+  if (vlm) {
+    L.where = "forward: vision";
+    L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
+    L.alloc(kAct, TE);               // patch GEMM out
+    L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
+    L.free(kAct, TE);
+    for (int64_t l = 0; l < P.LV_; ++l) {
+      L.where = "forward: vision.block." + std::to_string(l);
+      if (regions)
+        P.vision_block_forward_nograd();
+      else
+        P.vision_block_forward_recorded(kAct);
+    }
+    L.where = "forward: projector";
+    L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
+    L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
+    L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
+    L.alloc(kAct, Ti * C * b);            // linear_2 (img)
+    L.free(kAct, TE);                     // the post-layernorm output (only views of it were recorded)
+    L.where = "forward: splice";
+    L.alloc(kAct, T * C * b);             // spliced embeddings
+    L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
+  }
   for (int64_t l = 0; l < P.L_; ++l) {
     L.where = "forward: decoder.layer." + std::to_string(l);
     if (regions)
@@ -431,43 +452,51 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     P.decoder_layer_backward(true, !regions);
     if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
   }
-  // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
-  L.where = "backward: splice";
-  L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
-  L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
-  L.where = "backward: embed";
-  L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
-  L.free(kGrad, V * C * b + T * C * b);
-  L.where = "backward: projector";
-  L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
-  L.free(kAct, Ti * Hp * b);
-  L.free(kGrad, Ti * C * b);
-  L.alloc(kGrad, Ti * Hp * b);  // gelu
-  L.free(kGrad, Ti * Hp * b);
-  L.free(kAct, Ti * Hp * b);
-  L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
-  L.free(kAct, TE);
-  L.free(kGrad, Ti * Hp * b);
-  L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
-  L.alloc(kGrad, TE + 2 * E * b);
-  L.free(kGrad, 2 * TE);
-  L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
-  for (int64_t l = P.LV_ - 1; l >= 0; --l) {
-    L.where = "backward: vision.block." + std::to_string(l);
-    if (regions) P.vision_block_forward_recorded(kAct);
-    P.vision_block_backward(true, !regions);
-    if (regions) L.free(kAct, 2 * TE);
+  // Layer 0's input gradient [T, C] is live.
+  const int64_t tied_grad = tc.tie_word_embeddings ? V * C * b : 0;  // added into the tied weight's gradient
+  if (!vlm) {
+    L.where = "backward: embed";
+    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient (the embedding's own when untied)
+    L.free(kGrad, tied_grad + T * C * b);
+  } else {
+    // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
+    L.where = "backward: splice";
+    L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
+    L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
+    L.where = "backward: embed";
+    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
+    L.free(kGrad, tied_grad + T * C * b);
+    L.where = "backward: projector";
+    L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
+    L.free(kAct, Ti * Hp * b);
+    L.free(kGrad, Ti * C * b);
+    L.alloc(kGrad, Ti * Hp * b);  // gelu
+    L.free(kGrad, Ti * Hp * b);
+    L.free(kAct, Ti * Hp * b);
+    L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
+    L.free(kAct, TE);
+    L.free(kGrad, Ti * Hp * b);
+    L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
+    L.alloc(kGrad, TE + 2 * E * b);
+    L.free(kGrad, 2 * TE);
+    L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+    for (int64_t l = P.LV_ - 1; l >= 0; --l) {
+      L.where = "backward: vision.block." + std::to_string(l);
+      if (regions) P.vision_block_forward_recorded(kAct);
+      P.vision_block_backward(true, !regions);
+      if (regions) L.free(kAct, 2 * TE);
+    }
+    L.where = "backward: vision embed";
+    L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
+    L.free(kGrad, TE);
+    L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
   }
-  L.where = "backward: vision embed";
-  L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
-  L.free(kGrad, TE);
-  L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
   (void)tc;
 
   // ---- optimizer ----
   L.where = "optimizer";
   L.free(kGrad, L.cur[static_cast<int>(kGrad)]);  // zero_grad
-  L.free(MemoryTag::Temporary, 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4);
+  L.free(MemoryTag::Temporary, batch_bytes);
 
   plan.tag_peak = L.peak;
   plan.peak = L.peak_in_use;
