@@ -1,6 +1,7 @@
 // Llama/Qwen2 decoder forward; backward comes from the tape.
 #include "kestrel/models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kestrel/ops/activation.h"
@@ -68,7 +69,7 @@ Tensor Decoder::embed(const Tensor& ids) const {
   return embedding(embed_tokens_, ids);
 }
 
-Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& batch) const {
+Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& batch, KvCache* cache) const {
   const DecoderLayer& L = layers_[index];
   const int64_t T = h.shape()[0];
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
@@ -83,7 +84,31 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     k = rope(k, batch.positions, config_.rope_theta);
     AttentionOptions opts;
     opts.causal = true;
-    Tensor a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);  // [T, Hq, D]
+    Tensor a;  // [T, Hq, D]
+    if (!cache) {
+      a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);
+    } else {
+      // Append this step's keys/values to each document's cache; attend over cached + new (causal,
+      // bottom-right aligned: a new token sees every cached token and the new ones before it).
+      std::vector<Tensor> ks, vs;
+      std::vector<int64_t> cu_k{0};
+      int64_t off = 0, max_k = 0;
+      for (size_t d = 0; d < cache->step_lengths.size(); ++d) {
+        const int64_t n = cache->step_lengths[d];
+        Tensor kd = narrow(k, 0, off, n), vd = narrow(v, 0, off, n);
+        Tensor& ck = cache->k[index][d];
+        Tensor& cv = cache->v[index][d];
+        ck = ck.defined() ? concat({ck, kd}, 0) : contiguous(kd);
+        cv = cv.defined() ? concat({cv, vd}, 0) : contiguous(vd);
+        ks.push_back(ck);
+        vs.push_back(cv);
+        cu_k.push_back(cu_k.back() + ck.shape()[0]);
+        max_k = std::max(max_k, ck.shape()[0]);
+        off += n;
+      }
+      Tensor cu_k_t = Tensor::from_vector(cu_k, {static_cast<int64_t>(cu_k.size())}, DType::I32, device_);
+      a = attention(q, concat(ks, 0), concat(vs, 0), batch.cu_seqlens, cu_k_t, batch.max_seqlen, max_k, opts).out;
+    }
     attn_out = linear(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias);
   }
   MemoryLabelScope label("mlp");
@@ -105,6 +130,34 @@ Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd
                             {h}, ro)[0];
   }
   MemoryLabelScope label("decoder.norm");
+  return rms_norm(h, norm_, config_.rms_norm_eps);
+}
+
+Tensor Decoder::forward_cached(const Tensor& embeds, const std::vector<int64_t>& new_lengths, KvCache& cache) const {
+  const size_t docs = new_lengths.size();
+  if (cache.k.empty()) {
+    cache.k.assign(layers_.size(), std::vector<Tensor>(docs));
+    cache.v.assign(layers_.size(), std::vector<Tensor>(docs));
+    cache.lengths.assign(docs, 0);
+  }
+  KESTREL_CHECK(cache.lengths.size() == docs, "decoder", "cache holds ", cache.lengths.size(), " documents, step has ",
+                docs);
+  // Layout of the new tokens: positions continue each document.
+  std::vector<int64_t> pos, cu{0};
+  int64_t max_q = 0;
+  for (size_t d = 0; d < docs; ++d) {
+    for (int64_t i = 0; i < new_lengths[d]; ++i) pos.push_back(cache.lengths[d] + i);
+    cu.push_back(cu.back() + new_lengths[d]);
+    max_q = std::max(max_q, new_lengths[d]);
+  }
+  PackedBatch batch;
+  batch.positions = Tensor::from_vector(pos, {static_cast<int64_t>(pos.size())}, DType::I64, device_);
+  batch.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32, device_);
+  batch.max_seqlen = max_q;
+  cache.step_lengths = new_lengths;
+  Tensor h = embeds;
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) h = layer_forward(l, h, batch, &cache);
+  for (size_t d = 0; d < docs; ++d) cache.lengths[d] += new_lengths[d];
   return rms_norm(h, norm_, config_.rms_norm_eps);
 }
 

@@ -74,41 +74,45 @@ std::vector<std::vector<int64_t>> Vlm::generate_greedy(const Tensor& pixel_value
   const int64_t n = static_cast<int64_t>(prompts.size());
   std::vector<std::vector<int64_t>> out(n);
   std::vector<bool> done(n, false);
-  // Image embeddings do not change while decoding: compute them once.
+  // Prefill: every prompt (images spliced in) as one packed step, filling the KV cache; then one
+  // token per document per step, attending over the cache.
   Tensor img = image_embeddings(pixel_values, autograd::RecomputePolicy::None);
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    std::vector<int64_t> ids, lengths, img_pos, last;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t base = static_cast<int64_t>(ids.size());
-      for (int64_t t : prompts[i]) {
-        if (t == config_.image_token_id) img_pos.push_back(static_cast<int64_t>(ids.size()));
-        ids.push_back(t);
-      }
-      ids.insert(ids.end(), out[i].begin(), out[i].end());
-      lengths.push_back(static_cast<int64_t>(ids.size()) - base);
-      last.push_back(static_cast<int64_t>(ids.size()) - 1);
+  std::vector<int64_t> ids, lengths, img_pos;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t : prompts[i]) {
+      if (t == config_.image_token_id) img_pos.push_back(static_cast<int64_t>(ids.size()));
+      ids.push_back(t);
     }
-    const int64_t T = static_cast<int64_t>(ids.size());
-    Tensor id_t = Tensor::from_vector(ids, {T}, DType::I64, device_);
-    Tensor embeds = decoder_.embed(id_t);
-    KESTREL_CHECK(static_cast<int64_t>(img_pos.size()) == img.shape()[0], "generate", "prompts hold ", img_pos.size(),
-                  " image tokens for ", img.shape()[0], " image embeddings");
-    embeds = splice_rows(embeds, Tensor::from_vector(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64, device_),
-                         img);
-    Tensor h = decoder_.forward(embeds, PackedBatch::from_lengths(lengths, device_));
-    Tensor rows = index_select_rows(h, Tensor::from_vector(last, {n}, DType::I64, device_));
+    KESTREL_CHECK(!prompts[i].empty(), "generate", "prompt ", i, " is empty");
+    lengths.push_back(static_cast<int64_t>(prompts[i].size()));
+  }
+  KESTREL_CHECK(static_cast<int64_t>(img_pos.size()) == img.shape()[0], "generate", "prompts hold ", img_pos.size(),
+                " image tokens for ", img.shape()[0], " image embeddings");
+  Tensor embeds = decoder_.embed(Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())}, DType::I64, device_));
+  embeds = splice_rows(embeds, Tensor::from_vector(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64, device_),
+                       img);
+  KvCache cache;
+  Tensor h = decoder_.forward_cached(embeds, lengths, cache);
+  std::vector<int64_t> last(static_cast<size_t>(n));
+  for (int64_t i = 0, end = 0; i < n; ++i) end += lengths[i], last[i] = end - 1;
+  const int64_t V = config_.text_config.vocab_size;
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    Tensor rows = step == 0 ? index_select_rows(h, Tensor::from_vector(last, {n}, DType::I64, device_)) : h;
     std::vector<float> logits = decoder_.logits(rows).to_float_vector();  // [n, V]
-    const int64_t V = config_.text_config.vocab_size;
+    std::vector<int64_t> next(static_cast<size_t>(n));
     bool all_done = true;
     for (int64_t i = 0; i < n; ++i) {
-      if (done[i]) continue;
       const float* row = logits.data() + i * V;
-      int64_t best = std::max_element(row, row + V) - row;
-      out[i].push_back(best);
-      if (best == eos_id) done[i] = true;
+      next[i] = std::max_element(row, row + V) - row;
+      if (!done[i]) {
+        out[i].push_back(next[i]);
+        if (next[i] == eos_id) done[i] = true;
+      }
       all_done = all_done && done[i];
     }
-    if (all_done) break;
+    if (all_done || step + 1 == max_new_tokens) break;
+    h = decoder_.forward_cached(decoder_.embed(Tensor::from_vector(next, {n}, DType::I64, device_)),
+                                std::vector<int64_t>(static_cast<size_t>(n), 1), cache);
   }
   return out;
 }

@@ -2,14 +2,17 @@
 // float64, and recompute/offload policies leaving gradients unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
+#include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/models/config.h"
 #include "kestrel/models/decoder.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/models/vlm.h"
 #include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/embedding.h"
 #include "kestrel/ops/reduce.h"
 #include "support/numerics.h"
 
@@ -145,6 +148,82 @@ TEST(Vlm, RecomputeAndOffloadKeepGradients) {
     if (ref.empty()) ref = grads;
     else EXPECT_EQ(ref, grads) << ag::policy_name(policy);
   }
+}
+
+}  // namespace
+}  // namespace kestrel::models
+
+namespace kestrel::models {
+namespace {
+
+// Incremental decoding with the KV cache gives the hidden states of a full forward, token by token.
+TEST(Decoder, KvCacheMatchesFullForward) {
+  Decoder m(tiny_text("llama"), DType::F32, Device::cpu(), 21);
+  ag::NoGradGuard no_grad;
+  std::vector<int64_t> a = {3, 14, 15, 9, 2, 6}, b = {5, 35, 8, 9};
+  std::vector<int64_t> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  Tensor full = m.forward(m.embed(Tensor::from_vector(all, {10})), PackedBatch::from_lengths({6, 4}, Device::cpu()));
+  std::vector<float> want = full.to_float_vector();
+  const int64_t C = 16;
+  // Prefill 3 + 2 tokens, then the rest one token per document per step (b stops after 4).
+  KvCache cache;
+  std::vector<int64_t> pre = {a[0], a[1], a[2], b[0], b[1]};
+  Tensor h = m.forward_cached(m.embed(Tensor::from_vector(pre, {5})), {3, 2}, cache);
+  auto expect_row = [&](const Tensor& got, int64_t got_row, int64_t want_row) {
+    std::vector<float> g = got.to_float_vector();
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_NEAR(g[got_row * C + c], want[want_row * C + c], 1e-5 * (1 + std::abs(want[want_row * C + c])))
+          << "row " << want_row << " col " << c;
+  };
+  expect_row(h, 2, 2);  // a's third token
+  expect_row(h, 4, 7);  // b's second token
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int64_t> ids = {a[3 + step]};
+    std::vector<int64_t> lens = {1, 0};
+    if (2 + step < 4) ids.push_back(b[2 + step]), lens[1] = 1;
+    Tensor hs = m.forward_cached(m.embed(Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())})), lens, cache);
+    expect_row(hs, 0, 3 + step);
+    if (lens[1]) expect_row(hs, 1, 6 + 2 + step);
+  }
+  EXPECT_EQ(cache.lengths, (std::vector<int64_t>{6, 4}));
+}
+
+// Greedy decoding with the cache equals greedy decoding by re-running the whole prefix.
+TEST(Vlm, CachedGreedyEqualsRecomputedGreedy) {
+  Vlm m(tiny_vlm(), DType::F32, Device::cpu(), 13);
+  ag::NoGradGuard no_grad;
+  // Larger weights than the 0.02 init, so that attention (and so the cache) decides the tokens.
+  for (auto& [name, t] : m.parameters().items()) t->copy_(scale(t->detach(), 20.0));
+  const int64_t ti = m.config().image_tokens_per_image();
+  Tensor px = testing::randn({2, 3, 8, 8});
+  std::vector<std::vector<int64_t>> prompts(2, std::vector<int64_t>(static_cast<size_t>(ti), 36));
+  prompts[0].push_back(1);
+  prompts[1].push_back(2), prompts[1].push_back(3);
+  auto got = m.generate_greedy(px, prompts, 6, /*eos_id=*/-1);
+  Tensor img = m.image_embeddings(px, ag::RecomputePolicy::None);
+  std::vector<std::vector<int64_t>> seqs = prompts;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int64_t> ids, lens, pos, last;
+    for (auto& s : seqs) {
+      for (int64_t t : s) {
+        if (t == 36) pos.push_back(static_cast<int64_t>(ids.size()));
+        ids.push_back(t);
+      }
+      lens.push_back(static_cast<int64_t>(s.size()));
+      last.push_back(static_cast<int64_t>(ids.size()) - 1);
+    }
+    Tensor e = splice_rows(m.decoder().embed(Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())})),
+                           Tensor::from_vector(pos, {static_cast<int64_t>(pos.size())}), img);
+    Tensor h = m.decoder().forward(e, PackedBatch::from_lengths(lens, Device::cpu()));
+    std::vector<float> lg = m.decoder().logits(index_select_rows(h, Tensor::from_vector(last, {2}))).to_float_vector();
+    for (int i = 0; i < 2; ++i) {
+      const float* row = lg.data() + i * 37;
+      seqs[i].push_back(std::max_element(row, row + 37) - row);
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(got[i], std::vector<int64_t>(seqs[i].end() - 6, seqs[i].end())) << "prompt " << i;
 }
 
 }  // namespace

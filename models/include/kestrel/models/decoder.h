@@ -26,6 +26,15 @@ struct DecoderLayer {
   Tensor down_proj;                 // [C, I]
 };
 
+// Keys and values of past tokens for incremental decoding, per layer and per document (rope
+// applied). Documents are decoded side by side: each step appends `step_lengths[d]` tokens to
+// document d. Filled and read by Decoder::forward_cached.
+struct KvCache {
+  std::vector<std::vector<Tensor>> k, v;  // [layer][document]: [cached_len, Hkv, D]
+  std::vector<int64_t> lengths;           // tokens cached per document
+  std::vector<int64_t> step_lengths;      // tokens of the step being run, per document
+};
+
 class Decoder {
  public:
   // Allocates parameters on `device` in `dtype` and initialises them (normal(0, 0.02), norms 1,
@@ -41,8 +50,11 @@ class Decoder {
   // Final hidden states [T, C] (after the last norm) for input embeddings [T, C].
   Tensor forward(const Tensor& embeds, const PackedBatch& batch,
                  autograd::RecomputePolicy policy = autograd::RecomputePolicy::None) const;
-  // One layer (exposed for tests and profiling).
-  Tensor layer_forward(int index, const Tensor& h, const PackedBatch& batch) const;
+  // Final hidden states [sum(new_lengths), C] of new tokens that continue the documents held in
+  // `cache` (empty cache: a prefill), appending their keys and values. No tape (run under no-grad).
+  Tensor forward_cached(const Tensor& embeds, const std::vector<int64_t>& new_lengths, KvCache& cache) const;
+  // One layer (exposed for tests and profiling); with `cache`, attention also sees the cached tokens.
+  Tensor layer_forward(int index, const Tensor& h, const PackedBatch& batch, KvCache* cache = nullptr) const;
   const Tensor& lm_head_weight() const { return config_.tie_word_embeddings ? embed_tokens_ : lm_head_; }
   // Mean (or configured) next-token loss of hidden [T, C] against labels [T] (ignore_index -100).
   Tensor loss(const Tensor& hidden, const Tensor& labels, const CrossEntropyOptions& options = {}) const;
