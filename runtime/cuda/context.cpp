@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "kestrel/runtime/cuda_check.h"
+#include "kestrel/runtime/log.h"
 #include "kestrel/runtime/cuda_context.h"
 #include "kestrel/runtime/cuda_memory.h"
 #include "kestrel/runtime/memory_trace.h"
@@ -106,7 +107,7 @@ Context::Context(int device) : device_(device) {
     free_at_start_ = nvml_before - (nvml_after - static_cast<int64_t>(free_now));
   } else {
     free_at_start_ = static_cast<int64_t>(free_now);
-    std::fprintf(stderr, "[cuda] NVML unavailable: the CUDA context's memory on cuda:%d is not charged\n", device);
+    log_to(LogLevel::Warning, "cuda", "NVML unavailable: the CUDA context's memory on cuda:", device, " is not charged");
   }
   memory_trace(Device::cuda(device)).set_external(free_at_start_ - static_cast<int64_t>(free_now));
 

@@ -3,6 +3,8 @@
 // is reached only through DeviceMemoryBackend, so CI runs this against a simulated device.
 #include "kestrel/runtime/caching_allocator_policy.h"
 
+#include "kestrel/runtime/log.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -55,8 +57,7 @@ CachingAllocatorPolicy::~CachingAllocatorPolicy() {
     delete s;
   }
   if (leaked > 0)
-    std::fprintf(stderr, "[allocator] %s: %lld bytes still in use at shutdown were released\n",
-                 device_.str().c_str(), static_cast<long long>(leaked));
+    log_to(LogLevel::Warning, "allocator", device_.str(), ": ", leaked, " bytes still in use at shutdown were released");
 }
 
 size_t CachingAllocatorPolicy::round_size(size_t bytes) {
