@@ -34,7 +34,7 @@ step() {  # step NAME TIMEOUT_S CMD...
   tail -n 4 "$OUT/$name.log"
 }
 
-for t in test_runtime_cuda test_ops_cuda test_models_cuda; do
+for t in test_runtime_cuda test_ops_cuda test_models_cuda test_train_cuda; do
   [ -x "$B/$t" ] && step "$t" 240 "$B/$t" --gtest_brief=1
 done
 step quickstart_gpu 120 "$B/kestrel-train" --config configs/quickstart_vlm.json --set out_dir="$OUT/quickstart" \
