@@ -118,7 +118,9 @@ std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inp
     saved->needs_grad.push_back(t.defined() && t.requires_grad());
     if (!t.defined()) {
       saved->handles.push_back(nullptr);
-    } else if (options.policy == RecomputePolicy::Offload) {
+    } else if (options.policy == RecomputePolicy::Offload && !(t.is_leaf() && t.requires_grad())) {
+      // Parameters (leaves that require grad) stay: the model holds them anyway, so copying them
+      // out would spend copy bandwidth and free nothing.
       saved->handles.push_back(offload(t.detach()));
     } else {
       saved->handles.push_back(std::make_unique<KeepHandle>(t.detach()));

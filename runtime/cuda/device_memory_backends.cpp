@@ -106,9 +106,8 @@ class VmmBackend final : public CudaBackendBase {
     return reinterpret_cast<void*>(ptr);
   }
   void unmap_segment(void* base, size_t bytes) override {
-    // Freed on the host is not finished on the device: queued kernels may still touch it.
+    // The policy has already waited for the streams that used this segment (not the whole device).
     DeviceGuard g(device_);
-    KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
     KESTREL_DRV(drv().unmap(reinterpret_cast<CUdeviceptr>(base), bytes));
     KESTREL_DRV(drv().address_free(reinterpret_cast<CUdeviceptr>(base), bytes));
   }

@@ -44,6 +44,16 @@ CachingAllocatorPolicy::CachingAllocatorPolicy(DeviceMemoryBackend* backend, Mem
 CachingAllocatorPolicy::~CachingAllocatorPolicy() {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t leaked = 0;
+  std::vector<StreamHandle> streams;  // every stream that may still touch a segment
+  for (Segment* s : segments_)
+    for (Block* b = s->first; b; b = b->next)
+      for (StreamHandle h : b->streams)
+        if (std::find(streams.begin(), streams.end(), h) == streams.end()) streams.push_back(h);
+  try {
+    wait_for_streams(streams);
+  } catch (const std::exception& e) {
+    log_to(LogLevel::Warning, "allocator", device_.str(), ": waiting for streams at shutdown failed: ", e.what());
+  }
   for (Segment* s : segments_) {
     for (Block* b = s->first; b;) {
       if (b->allocated || b->pending) leaked += static_cast<int64_t>(b->size);
@@ -281,6 +291,16 @@ void CachingAllocatorPolicy::process_pending(bool wait) {
   pending_ = std::move(still);
 }
 
+// Unmapping must wait for the work already submitted that may touch the segment: only the streams
+// the block was used on (a free block lists them), not the whole device.
+void CachingAllocatorPolicy::wait_for_streams(const std::vector<StreamHandle>& streams) {
+  for (StreamHandle h : streams) {
+    EventHandle e = backend_->record_event(h);
+    backend_->event_sync(e);
+    backend_->destroy_event(e);
+  }
+}
+
 int64_t CachingAllocatorPolicy::release_free_segments(int64_t at_least, int only_pool) {
   std::vector<Segment*> candidates;
   int64_t total = 0;
@@ -295,6 +315,7 @@ int64_t CachingAllocatorPolicy::release_free_segments(int64_t at_least, int only
   int64_t released = 0;
   for (Segment* s : candidates) {
     if (released >= at_least) break;
+    wait_for_streams(s->first->streams);
     pool(s->small).erase(s->first);
     delete s->first;
     backend_->unmap_segment(reinterpret_cast<void*>(s->base), s->size);

@@ -1,10 +1,11 @@
 // A simulated device for the caching allocator's policy: a bump address space with a capacity,
-// mapped segments checked on unmap, and streams modelled by logical clocks so a test can verify
+// mapped segments checked on unmap (the test can check that their last uses had finished), and streams modelled by logical clocks so a test can verify
 // that every cross-stream reuse was ordered (waited on) after the old stream's last use.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -35,9 +36,14 @@ class SimDeviceBackend final : public DeviceMemoryBackend {
   void unmap_segment(void* base, size_t bytes) override {
     auto it = segments_.find(reinterpret_cast<uintptr_t>(base));
     if (it == segments_.end() || it->second != bytes) throw std::logic_error("unmap of an unknown segment");
+    if (on_unmap) on_unmap(reinterpret_cast<uintptr_t>(base), bytes);
     segments_.erase(it);
     mapped_ -= static_cast<int64_t>(bytes);
   }
+  // Called before a segment is unmapped (a test checks that no submitted use of it is unfinished).
+  std::function<void(uintptr_t base, size_t bytes)> on_unmap;
+  // True when the device has finished the use `seq` on stream s.
+  bool finished(StreamHandle s, int64_t seq) { return completed_[sid(s)] >= seq; }
 
   // ---- streams as logical clocks ----
   int sid(StreamHandle s) const { return static_cast<int>(reinterpret_cast<uintptr_t>(s)); }

@@ -88,6 +88,16 @@ TEST(CachingAllocatorPolicy, RandomStressKeepsInvariants) {
     live.erase(it);
   };
 
+  // Unmapping waits for the streams that used the segment (not the whole device): every use of
+  // its bytes must have finished by then.
+  int64_t unmaps = 0;
+  f.dev.on_unmap = [&](uintptr_t base, size_t bytes) {
+    ++unmaps;
+    dirty.take(base, base + bytes, [&](const std::pair<StreamHandle, int64_t>& u) {
+      EXPECT_TRUE(f.dev.finished(u.first, u.second)) << "segment unmapped while stream " << u.first << " use "
+                                                     << u.second << " may still run";
+    });
+  };
   f.policy.set_spill_hook([&](int64_t need) {
     int64_t freed = 0;
     for (auto it = live.begin(); it != live.end() && freed < need;) {
@@ -179,12 +189,14 @@ TEST(CachingAllocatorPolicy, RandomStressKeepsInvariants) {
   EXPECT_GT(ooms, 0) << "the stress should hit the budget";
   EXPECT_GT(spilled, 0);
   EXPECT_GT(cross_reuses, 0);
+  EXPECT_GT(unmaps, 0) << "the budget ladder should release cached segments";
   EXPECT_GT(st.num_cache_hits, kOps / 10);
   // Drain: everything freed merges back into whole segments, which release entirely.
   while (!live.empty()) {
     release(live.begin());
   }
   f.policy.release_cached();
+  f.dev.on_unmap = nullptr;  // it refers to locals of this test
   f.policy.check_invariants();
   EXPECT_EQ(f.policy.stats().reserved, 0);
   EXPECT_EQ(f.dev.mapped(), 0);

@@ -4,7 +4,8 @@
 // activations, and records a single tape entry. In backward the entry re-runs fn on a fresh inner
 // tape from the saved inputs and backpropagates through it; parameters used inside fn receive their
 // gradients directly. With Offload, the saved inputs move to pinned host memory right after the
-// forward (on a copy stream) and are prefetched one region ahead in backward.
+// forward (on a copy stream) and are prefetched one region ahead in backward; inputs that are
+// parameters (leaves that require grad) are never offloaded, since that would free nothing.
 #pragma once
 
 #include <functional>

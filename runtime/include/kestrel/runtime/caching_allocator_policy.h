@@ -127,6 +127,7 @@ class CachingAllocatorPolicy {
   Block* take(Block* b, size_t size, StreamHandle stream);
   void free_block(Block* b);
   void process_pending(bool wait);
+  void wait_for_streams(const std::vector<StreamHandle>& streams);
   // Unmaps fully free segments (smallest first) until `at_least` bytes (0: all of them); only_pool:
   // -1 both pools, 0 large, 1 small. Nothing when fewer than at_least bytes could be released.
   int64_t release_free_segments(int64_t at_least, int only_pool = -1);
