@@ -51,7 +51,7 @@ struct InFlight {
   std::deque<std::pair<std::shared_ptr<Event>, int64_t>> copies;
   int64_t bytes = 0;
 };
-InFlight g_inflight[64];
+InFlight* const g_inflight = new InFlight[64];  // never destroyed: its events outlive static destructors
 
 int64_t inflight_limit() {
   static const int64_t limit = [] {
