@@ -1,6 +1,7 @@
 #include "kestrel/train/tokenizer.h"
 
 #include "kestrel/runtime/error.h"
+#include "kestrel/train/bpe_tokenizer.h"
 
 namespace kestrel::train {
 
@@ -22,6 +23,19 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids, bool show_spe
     }
   }
   return s;
+}
+
+int64_t ByteTokenizer::token_id(const std::string& token) const {
+  if (token == "<pad>") return kPad;
+  if (token == "<bos>") return kBos;
+  if (token == "<eos>") return kEos;
+  if (token == "<image>") return kImage;
+  return -1;
+}
+
+std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& spec) {
+  if (spec.empty() || spec == "byte") return std::make_unique<ByteTokenizer>();
+  return std::make_unique<BpeTokenizer>(BpeTokenizer::from_file(spec));
 }
 
 }  // namespace kestrel::train
