@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
@@ -22,7 +23,7 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kBr>
+template <typename T, int kD, int kBr, bool kExact>
 __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a) {
   constexpr int kBc = 128;
   constexpr int kThreads = 256;
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
   const int n0 = n_block * kBc;
   if (n0 >= len_k) return;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int D = p.head_dim;
+  const int D = kExact ? kD : p.head_dim;  // kExact: the head dim is the tile's (no column checks)
   const int off = len_k - len_q;
   const int m_begin = p.causal ? max(0, n0 - off) / kBr : 0;
   const int m_tiles = (len_q + kBr - 1) / kBr;
@@ -112,6 +113,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
   const uint32_t base_t = swz<kD>(((lane / 8) & 1) * 8 + (lane % 8), (lane / 16) ^ (wh * kD / 16));  // dO/Q .trans
   const uint32_t base_ds = swz<kBr>((lane / 16) * 8 + (lane % 8), ((lane / 8) & 1) ^ (wr * 4));        // dS .trans A
   const uint32_t base_kq = swz<kD>(((lane / 8) & 1) * 8 + (lane % 8), (lane / 16) ^ (wc2 * kQC / 8));  // K .trans B
+  // P^T/dS^T stores: key row wk*32 + g, query chunk wh*kBr/16 (+ nt), 4-byte column pair c.
+  const uint32_t base_st = swz<kBr>(wk * 32 + g, wh * (kBr / 16)) + c * 4;
 
   for (int it = 0; it < n_iter; ++it) {
     const int h = hk * group + it / tiles_per_head;
@@ -165,37 +168,44 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
       }
 
       // P^T and dS^T, masked where the key is invisible or the row/key is padding; to shared memory.
+      // The mask test is hoisted out of the element loops (two straight-line copies of the loop):
+      // a per-element branch would serialise the exp2s and cost two instructions per element.
       const bool need_mask =
           (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
       uint8_t* sbase = smem + (sP - sK);
+      auto softmax_to_smem = [&](auto masked) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const int kr = wk * 32 + mt * 16 + g;  // local key row of e = 0, 1 (e = 2, 3: kr + 8)
+        for (int mt = 0; mt < 2; ++mt) {
+          const int kr = wk * 32 + mt * 16 + g;  // local key row of e = 0, 1 (e = 2, 3: kr + 8)
 #pragma unroll
-        for (int nt = 0; nt < kNt1; ++nt) {
-          const int ql = wh * (kBr / 2) + nt * 8 + 2 * c;  // local query of e = 0 (e = 1: ql + 1)
-          float pv[4], ds[4];
+          for (int nt = 0; nt < kNt1; ++nt) {
+            const int ql = wh * (kBr / 2) + nt * 8 + 2 * c;  // local query of e = 0 (e = 1: ql + 1)
+            float pv[4], ds[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qi = ql + (e & 1);
-            float x = fast_exp2(s[mt][nt][e] * sl2 - lse[qi]);
-            if (need_mask) {
-              const int j = n0 + kr + (e >= 2 ? 8 : 0);
-              const int i = m0 + qi;
-              if (i >= len_q || j >= len_k || (p.causal && j > i + off)) x = 0.f;
+            for (int e = 0; e < 4; ++e) {
+              const int qi = ql + (e & 1);
+              float x = fast_exp2(s[mt][nt][e] * sl2 - lse[qi]);
+              if constexpr (decltype(masked)::value) {
+                const int j = n0 + kr + (e >= 2 ? 8 : 0);
+                const int i = m0 + qi;
+                x = (i >= len_q || j >= len_k || (p.causal && j > i + off)) ? 0.f : x;
+              }
+              pv[e] = x;
+              ds[e] = x * (dp[mt][nt][e] - dlt[qi]);
             }
-            pv[e] = x;
-            ds[e] = x * (dp[mt][nt][e] - dlt[qi]);
+            const uint32_t o0 = swz_at<kBr>(base_st, mt * 16, nt);
+            const uint32_t o1 = swz_at<kBr>(base_st, mt * 16 + 8, nt);
+            *reinterpret_cast<uint32_t*>(sbase + o0) = pack2<T>(pv[0], pv[1]);
+            *reinterpret_cast<uint32_t*>(sbase + o1) = pack2<T>(pv[2], pv[3]);
+            *reinterpret_cast<uint32_t*>(sbase + kBc * kBr * 2 + o0) = pack2<T>(ds[0], ds[1]);
+            *reinterpret_cast<uint32_t*>(sbase + kBc * kBr * 2 + o1) = pack2<T>(ds[2], ds[3]);
           }
-          const int ch = ql / 8;
-          const uint32_t o0 = swz<kBr>(kr, ch) + c * 4;
-          const uint32_t o1 = swz<kBr>(kr + 8, ch) + c * 4;
-          *reinterpret_cast<uint32_t*>(sbase + o0) = pack2<T>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sbase + o1) = pack2<T>(pv[2], pv[3]);
-          *reinterpret_cast<uint32_t*>(sbase + kBc * kBr * 2 + o0) = pack2<T>(ds[0], ds[1]);
-          *reinterpret_cast<uint32_t*>(sbase + kBc * kBr * 2 + o1) = pack2<T>(ds[2], ds[3]);
         }
-      }
+      };
+      if (need_mask)
+        softmax_to_smem(std::true_type{});
+      else
+        softmax_to_smem(std::false_type{});
     }
     __syncthreads();  // P^T, dS^T complete
 
@@ -222,18 +232,20 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
           }
         }
       }
+      // One row pointer per (mt, r), computed once; the column offsets are compile-time.
+      const int row0 = m0 + wr * 32 + g;
+      float* dst0 = a.dq_accum + (static_cast<int64_t>(q_start + row0) * p.num_heads_q + h) * D + wc2 * kQC + 2 * c;
+      const int64_t row_step = static_cast<int64_t>(p.num_heads_q) * D * 8;  // 8 rows
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = m0 + wr * 32 + mt * 16 + g + r * 8;
-          if (row >= len_q) continue;
-          float* dst = a.dq_accum + (static_cast<int64_t>(q_start + row) * p.num_heads_q + h) * D;
+          if (row0 + mt * 16 + r * 8 >= len_q) continue;
+          float* dst = dst0 + (2 * mt + r) * row_step;
 #pragma unroll
           for (int dt = 0; dt < kQC / 8; ++dt) {
-            const int col = wc2 * kQC + dt * 8 + 2 * c;
-            if (col < D)
-              atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]));
+            if (kExact || wc2 * kQC + dt * 8 + 2 * c < D)
+              atomicAdd(reinterpret_cast<float2*>(dst + dt * 8), make_float2(dq[mt][dt][2 * r], dq[mt][dt][2 * r + 1]));
           }
         }
     }
@@ -297,7 +309,7 @@ void launch_bwd_tiled(const BwdArgs& a, cudaStream_t stream) {
   constexpr int kBc = 128, kBr = 64;
   constexpr size_t smem =
       static_cast<size_t>(2 * kBc * kD + 4 * kBr * kD + 2 * kBc * kBr) * 2 + 4 * kBr * sizeof(float);
-  auto kernel = flash_bwd_tiled_kernel<T, kD, kBr>;
+  auto kernel = a.p.head_dim == kD ? flash_bwd_tiled_kernel<T, kD, kBr, true> : flash_bwd_tiled_kernel<T, kD, kBr, false>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(a.p.num_heads_kv, (a.p.max_seqlen_k + kBc - 1) / kBc, a.p.num_docs);
   kernel<<<grid, 256, smem, stream>>>(a);
