@@ -1,5 +1,6 @@
 // kestrel-train --config run.json [--set key=value ...] [--resume latest|DIR] [--print-config]
 //               [--memory-budget 40GiB] [--eval-only]
+// kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...
 // Translates every kestrel::Error into a message and a non-zero exit code.
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,9 @@
 #include "kestrel/models/config.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/device.h"
+#include "kestrel/train/tokenize_text.h"
+#include "kestrel/train/tokenizer.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 
@@ -25,11 +29,59 @@ void usage(FILE* f) {
                "  --resume latest|DIR    continue from the newest checkpoint in out_dir, or from DIR\n"
                "  --print-config         print the resolved configuration and exit\n"
                "  --eval-only            evaluate (greedy captions) without training\n"
-               "  --help                 this text\n");
+               "  --help                 this text\n"
+               "The config's on_cpu / on_cuda objects ({\"train.steps\": 600, ...}) apply on that device;\n"
+               "--set wins over them.\n"
+               "\n"
+               "usage: kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...\n"
+               "  text -> llm.c token file for data.type \"tokens\" (uint16 when the vocabulary fits, else uint32).\n"
+               "  FILE: .jsonl (one {\"text\": ...} document per line) or text (one document per line).\n"
+               "  Each document follows the separator token (default <|endoftext|>, else <eos>); set\n"
+               "  data.doc_start_token to the id it prints.\n");
+}
+
+int tokenize_main(int argc, char** argv) {
+  std::string tokenizer = "byte", output, separator;
+  std::vector<std::string> inputs;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto need = [&]() -> std::string {
+      if (i + 1 >= argc) throw make_error("tokenize", a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--tokenizer") tokenizer = need();
+    else if (a == "--output") output = need();
+    else if (a == "--separator") separator = need();
+    else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      throw make_error("tokenize", "unknown argument '", a, "'");
+    } else {
+      inputs.push_back(a);
+    }
+  }
+  KESTREL_CHECK(!output.empty(), "tokenize", "--output is required");
+  auto tok = train::load_text_tokenizer(tokenizer);
+  train::TokenizeResult r = train::tokenize_to_token_file(*tok, inputs, output, separator);
+  std::printf("%s: %lld documents, %lld tokens (%s, vocabulary %lld); document separator id %lld "
+              "(data.doc_start_token)\n",
+              output.c_str(), static_cast<long long>(r.documents), static_cast<long long>(r.tokens),
+              r.format == train::TokenFormat::U16 ? "uint16" : "uint32", static_cast<long long>(tok->vocab_size()),
+              static_cast<long long>(r.separator_id));
+  return 0;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "tokenize") == 0) {
+    try {
+      return tokenize_main(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kestrel-train tokenize: error: %s\n", e.what());
+      return 1;
+    }
+  }
   std::string config_path, resume;
   std::vector<std::string> sets;
   bool print_config = false, eval_only = false;
@@ -72,6 +124,13 @@ int main(int argc, char** argv) {
     nlohmann::json user = models::read_json_file(config_path, "config");
     nlohmann::json cfg = train::resolve_train_config(user, config_path);
     for (const std::string& s : sets) train::apply_override(cfg, s);
+    {
+      // The device's on_cpu / on_cuda settings, then --set again (the command line wins).
+      const std::string dev = cfg["device"];
+      const bool on_cuda = dev == "auto" ? cuda_available() : parse_device(dev).is_cuda();
+      for (const std::string& o : train::apply_device_overrides(cfg, on_cuda, sets))
+        if (!print_config) std::printf("%s: %s\n", on_cuda ? "on_cuda" : "on_cpu", o.c_str());
+    }
     if (print_config) {
       std::printf("%s\n", cfg.dump(2).c_str());
       return 0;

@@ -35,8 +35,9 @@ std::vector<fs::path> complete_checkpoints(const std::string& out_dir) {
 }
 }  // namespace
 
-std::string save_checkpoint(const std::string& out_dir, int64_t step, const models::ParameterList& params,
-                            const AdamW& optim, const json& config, int64_t keep) {
+std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
+                            const models::ParameterList& params, const AdamW& optim, const json& config,
+                            int64_t keep) {
   fs::path root = fs::path(out_dir) / "checkpoints";
   fs::create_directories(root);
   fs::path final_dir = root / step_name(step);
@@ -54,7 +55,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const mode
     entries.push_back({name, host.back().dtype(), host.back().shape(), host.back().data_ptr()});
   }
   models::write_safetensors((tmp / "optimizer.safetensors").string(), entries);
-  json st{{"step", step}, {"optimizer_steps", optim.steps()}, {"config", config}};
+  json st{{"step", step}, {"data_position", data_position}, {"optimizer_steps", optim.steps()}, {"config", config}};
   models::write_json_file((tmp / "trainer_state.json").string(), st, "checkpoint");
   models::fsync_directory(tmp.string(), "checkpoint");
   // An existing folder of the same step (a re-run) is replaced only now that the new one is complete.
@@ -68,7 +69,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, const mode
   return final_dir.string();
 }
 
-int64_t load_checkpoint(const std::string& dir, const models::ParameterList& params, AdamW& optim) {
+CheckpointState load_checkpoint(const std::string& dir, const models::ParameterList& params, AdamW& optim) {
   KESTREL_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "checkpoint", dir,
                 " is not a complete checkpoint (no trainer_state.json)");
   json st = models::read_json_file((fs::path(dir) / "trainer_state.json").string(), "checkpoint");
@@ -81,7 +82,10 @@ int64_t load_checkpoint(const std::string& dir, const models::ParameterList& par
                                    e.dtype, Device::cpu());
   }
   optim.load_state(tensors, st.at("optimizer_steps").get<int64_t>());
-  return st.at("step").get<int64_t>();
+  CheckpointState cs;
+  cs.step = st.at("step").get<int64_t>();
+  if (st.contains("data_position")) cs.data_position = st["data_position"].get<int64_t>();
+  return cs;
 }
 
 std::string latest_checkpoint(const std::string& out_dir) {

@@ -5,6 +5,7 @@
 #include "kestrel/models/decoder.h"
 #include "kestrel/models/vlm.h"
 #include "kestrel/runtime/memory.h"
+#include "kestrel/train/bpe_tokenizer.h"
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/vlm_data.h"
 
@@ -34,7 +35,7 @@ Config model_config(const json& cfg) {
 
 class VlmTask final : public Task {
  public:
-  VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]) {
+  VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]), dtype_(dtype) {
     models::VlmConfig mc = model_config<models::VlmConfig>(cfg);
     const std::string type = data_cfg_["type"];
     KESTREL_CHECK(type == "shapes" || type == "jsonl", "train", "data.type '", type,
@@ -64,21 +65,28 @@ class VlmTask final : public Task {
   models::ParameterList& parameters() override { return model_->parameters(); }
   std::string name() const override { return "vlm"; }
 
-  Tensor micro_batch_loss(uint64_t index, int64_t batch_size, autograd::RecomputePolicy policy,
-                          int64_t& tokens) override {
-    models::VlmBatch b;
-    {
-      MemoryLabelScope label("data");
-      const uint64_t first = index * static_cast<uint64_t>(batch_size);
-      b = jsonl_ ? jsonl_->batch(first, batch_size) : data_->batch(first, batch_size);
-    }
-    tokens = b.input_ids.numel();
-    return model_->loss(b, policy);
+  HostBatch prepare(uint64_t index, int64_t batch_size) const override {
+    const uint64_t first = index * static_cast<uint64_t>(batch_size);
+    return jsonl_ ? jsonl_->host_batch(first, batch_size) : data_->host_batch(first, batch_size);
+  }
+
+  Tensor loss(const HostBatch& b, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
+    return model_->loss(vlm_batch_from(b, arrays, dtype_), policy);
+  }
+
+  std::vector<std::pair<std::string, std::string>> samples(int64_t count) override {
+    if (jsonl_ || count <= 0) return {};
+    return evaluate_range(std::min<int64_t>(count, 50)).examples;
   }
 
   EvalResult evaluate() override {
     if (jsonl_) return {};  // held-out captions are scored on the embedded shapes data only
-    const int64_t n = data_cfg_["eval_samples"];
+    return evaluate_range(data_cfg_["eval_samples"].get<int64_t>());
+  }
+
+ private:
+  // Greedy captions of held-out records eval_offset + [0, n), scored; the first 5 kept as examples.
+  EvalResult evaluate_range(int64_t n) {
     const uint64_t offset = data_cfg_["eval_offset"];
     EvalResult r;
     const int64_t chunk = 50;
@@ -106,8 +114,8 @@ class VlmTask final : public Task {
     return r;
   }
 
- private:
   json data_cfg_;
+  DType dtype_;
   std::unique_ptr<models::Vlm> model_;
   std::unique_ptr<ShapesVlmData> data_;
   std::unique_ptr<ImageTextData> jsonl_;
@@ -125,6 +133,12 @@ class DecoderTask final : public Task {
     seq_len_ = d["seq_len"];
     KESTREL_CHECK(seq_len_ > 0, "train", "data.seq_len must be positive, got ", seq_len_);
     stream_ = std::make_unique<TokenStream>(files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
+    if (const std::string tok = d["tokenizer"]; !tok.empty() && tok != "byte") {
+      // The token files should come from this tokenizer (kestrel-train tokenize); its ids must fit the model.
+      const int64_t v = load_text_tokenizer(tok)->vocab_size();
+      KESTREL_CHECK(v <= tc.vocab_size, "train", "data.tokenizer '", tok, "' has ", v,
+                    " ids but the model's vocab_size is ", tc.vocab_size);
+    }
     TagScope tag(MemoryTag::Parameter);
     model_ = std::make_unique<models::Decoder>(tc, dtype, device, cfg["train"]["seed"].get<uint64_t>());
   }
@@ -132,14 +146,12 @@ class DecoderTask final : public Task {
   models::ParameterList& parameters() override { return model_->parameters(); }
   std::string name() const override { return "decoder"; }
 
-  Tensor micro_batch_loss(uint64_t index, int64_t batch_size, autograd::RecomputePolicy policy,
-                          int64_t& tokens) override {
-    TokenBatch b;
-    {
-      MemoryLabelScope label("data");
-      b = stream_->batch(index, batch_size, seq_len_, device_);
-    }
-    tokens = b.input_ids.numel();
+  HostBatch prepare(uint64_t index, int64_t batch_size) const override {
+    return stream_->host_batch(index, batch_size, seq_len_);
+  }
+
+  Tensor loss(const HostBatch& hb, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
+    TokenBatch b = token_batch_from(hb, arrays);
     return model_->loss(model_->forward(model_->embed(b.input_ids), b.layout, policy), b.labels);
   }
 

@@ -1,6 +1,8 @@
-// Private: what the training loop trains. A Task owns a model and its data and turns a micro-batch
-// index into a loss on the tape; the loop (trainer.cpp) owns everything else (optimizer, schedule,
-// logging, checkpoints). Tasks: "vlm" on the embedded shapes data, "decoder" on llm.c token files.
+// Private: what the training loop trains. A Task owns a model and its data: it turns a micro-batch
+// index into host arrays (prepare: pure and thread-safe, so the prefetch thread runs it) and a
+// prepared batch on the device into a loss on the tape; the loop (trainer.cpp) owns everything else
+// (prefetching, optimizer, schedule, logging, checkpoints). Tasks: "vlm" on the embedded shapes data
+// or image-text JSONL, "decoder" on llm.c token files.
 #pragma once
 
 #include <memory>
@@ -9,6 +11,7 @@
 
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/models/parameters.h"
+#include "kestrel/train/host_batch.h"
 #include "kestrel/train/trainer.h"
 
 namespace kestrel::train {
@@ -17,11 +20,14 @@ class Task {
  public:
   virtual ~Task() = default;
   virtual models::ParameterList& parameters() = 0;
-  // The loss of micro-batch `index` (recorded on the tape); `tokens` receives its token count.
-  virtual Tensor micro_batch_loss(uint64_t index, int64_t batch_size, autograd::RecomputePolicy policy,
-                                  int64_t& tokens) = 0;
+  // Micro-batch `index` as host arrays: a pure function of the index, safe on any thread.
+  virtual HostBatch prepare(uint64_t index, int64_t batch_size) const = 0;
+  // The loss (recorded on the tape) of a prepared batch whose arrays are on the device.
+  virtual Tensor loss(const HostBatch& batch, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) = 0;
   // Held-out evaluation (samples == 0 when the task has none).
   virtual EvalResult evaluate() = 0;
+  // Greedy outputs next to the expected ones for the first `count` held-out records (none: empty).
+  virtual std::vector<std::pair<std::string, std::string>> samples(int64_t count) { return {}; }
   virtual std::string name() const = 0;
 };
 

@@ -35,7 +35,7 @@ std::vector<int64_t> TokenStream::read(uint64_t start, int64_t n) const {
   return out;
 }
 
-TokenBatch TokenStream::batch(uint64_t index, int64_t rows, int64_t seq_len, Device device) const {
+HostBatch TokenStream::host_batch(uint64_t index, int64_t rows, int64_t seq_len) const {
   KESTREL_CHECK(rows > 0 && seq_len > 0, "token_data", "rows and seq_len must be positive, got ", rows, " and ", seq_len);
   std::vector<int64_t> ids, labels, lengths;
   ids.reserve(static_cast<size_t>(rows * seq_len));
@@ -54,12 +54,27 @@ TokenBatch TokenStream::batch(uint64_t index, int64_t rows, int64_t seq_len, Dev
     }
     lengths.push_back(seq_len - doc_begin);
   }
-  TokenBatch b;
-  const int64_t T = rows * seq_len;
-  b.input_ids = Tensor::from_vector(ids, {T}, DType::I64, device);
-  b.labels = Tensor::from_vector(labels, {T}, DType::I64, device);
-  b.layout = models::PackedBatch::from_lengths(lengths, device);
+  HostBatch b;
+  b.index = index;
+  b.tokens = rows * seq_len;
+  b.arrays.push_back(host_array(ids, {b.tokens}, DType::I64));
+  b.arrays.push_back(host_array(labels, {b.tokens}, DType::I64));
+  add_packed_layout(b, lengths);
   return b;
+}
+
+TokenBatch token_batch_from(const HostBatch& b, const std::vector<Tensor>& a) {
+  KESTREL_CHECK(a.size() == 4, "token_data", "a token batch has 4 arrays, got ", a.size());
+  TokenBatch out;
+  out.input_ids = a[0];
+  out.labels = a[1];
+  out.layout = packed_layout(a[2], a[3], b.max_seqlen);
+  return out;
+}
+
+TokenBatch TokenStream::batch(uint64_t index, int64_t rows, int64_t seq_len, Device device) const {
+  HostBatch b = host_batch(index, rows, seq_len);
+  return token_batch_from(b, arrays_to_device(b, device));
 }
 
 }  // namespace kestrel::train

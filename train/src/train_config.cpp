@@ -18,6 +18,7 @@ json default_train_config() {
         {"train_files", ""},
         {"seq_len", 256},
         {"doc_start_token", -1},
+        {"tokenizer", "byte"},
         {"eval_offset", 1000000000},
         {"eval_samples", 100}}},
       {"train",
@@ -38,11 +39,16 @@ json default_train_config() {
       {"recompute", "none"},
       {"memory_budget", ""},
       {"threads", 0},
+      {"prefetch", 2},
       {"log_every", 10},
       {"eval_every", 0},
+      {"sample_every", 0},
+      {"sample_count", 3},
       {"checkpoint_every", 0},
       {"keep_checkpoints", 2},
       {"out_dir", "runs/train"},
+      {"on_cpu", json::object()},
+      {"on_cuda", json::object()},
   };
 }
 
@@ -69,6 +75,10 @@ void merge(json& base, const json& user, const std::string& path, const std::str
     if (key == "model.config") {
       KESTREL_CHECK(it.value().is_object(), "config", source, ": 'model.config' must be an object (HF config.json)");
       slot = it.value();
+    } else if (key == "on_cpu" || key == "on_cuda") {
+      KESTREL_CHECK(it.value().is_object(), "config", source, ": '", key,
+                    "' must be an object of dotted overrides, e.g. {\"train.steps\": 500}");
+      for (auto o = it.value().begin(); o != it.value().end(); ++o) slot[o.key()] = o.value();
     } else if (slot.is_object()) {
       merge(slot, it.value(), key, source);
     } else {
@@ -118,6 +128,21 @@ void apply_override(json& config, const std::string& assignment) {
   json base = config;
   merge(base, patch, "", "--set " + assignment);
   config = base;
+}
+
+std::vector<std::string> apply_device_overrides(json& config, bool on_cuda, const std::vector<std::string>& sets) {
+  const char* key = on_cuda ? "on_cuda" : "on_cpu";
+  std::vector<std::string> applied;
+  json overrides = config[key];
+  config["on_cpu"] = json::object();
+  config["on_cuda"] = json::object();
+  for (auto it = overrides.begin(); it != overrides.end(); ++it) {
+    const std::string a = it.key() + "=" + it.value().dump();
+    apply_override(config, a);
+    applied.push_back(a);
+  }
+  for (const std::string& s : sets) apply_override(config, s);
+  return applied;
 }
 
 }  // namespace kestrel::train

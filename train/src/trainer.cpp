@@ -1,6 +1,7 @@
 // The training loop. See trainer.h for what it does; the policies worth noting:
-// - data order is a pure function of the step (record index = (step-1) * accum * batch + ...), so
-//   a resumed run sees exactly the batches the uninterrupted run would have seen;
+// - data order is a pure function of the micro-batch index (the data position, which advances by one
+//   per micro-batch the model consumes and is what checkpoints store), so a resumed run sees exactly
+//   the batches the uninterrupted run would have seen; the prefetcher only caches batches ahead;
 // - checkpoints are written into a hidden temporary folder and renamed into place, so a killed run
 //   never leaves a step folder that resume would take.
 #include "kestrel/train/trainer.h"
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "batch_prefetcher.h"
 #include "checkpoint_io.h"
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
@@ -28,15 +30,12 @@
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/schedule.h"
+#include "kestrel/train/train_config.h"
 
 namespace kestrel::train {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-}  // namespace
 
 struct Trainer::Impl {
   json cfg;
@@ -46,7 +45,10 @@ struct Trainer::Impl {
   std::unique_ptr<Task> task;
   std::unique_ptr<AdamW> optim;
   LrSchedule schedule;
-  int64_t step = 0;  // completed steps
+  std::unique_ptr<BatchPrefetcher> prefetcher;
+  int64_t step = 0;             // completed steps
+  uint64_t data_position = 0;   // index of the next micro-batch the model consumes
+  std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries applied
   int64_t batch_size, accum, total_steps;
   double grad_clip;
   std::string out_dir;
@@ -69,6 +71,7 @@ struct Trainer::Impl {
     device = dev == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev);
     if (device.is_cuda())
       KESTREL_CHECK(cuda_available(), "train", "device ", device.str(), " requested but no CUDA device is available");
+    device_overrides = apply_device_overrides(cfg, device.is_cuda());
     std::string prec = cfg["precision"];
     dtype = prec == "auto" ? (device.is_cuda() ? DType::BF16 : DType::F32) : parse_dtype(prec);
     KESTREL_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "train",
@@ -103,6 +106,12 @@ struct Trainer::Impl {
     ao.eps = tr["eps"];
     ao.weight_decay = tr["weight_decay"];
     optim = std::make_unique<AdamW>(task->parameters(), ao);
+    const int64_t depth = cfg["prefetch"];
+    KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
+    Task* t = task.get();
+    const int64_t bs = batch_size;
+    prefetcher = std::make_unique<BatchPrefetcher>([t, bs](uint64_t index) { return t->prepare(index, bs); }, device,
+                                                   static_cast<int>(depth));
   }
 
   int64_t num_params() const { return task->parameters().numel(); }
@@ -117,15 +126,20 @@ struct Trainer::Impl {
       log_start = memory_trace(dev).snapshot();
     }
     for (int64_t m = 0; m < accum; ++m) {
-      const uint64_t index = static_cast<uint64_t>(step * accum + m);  // data order: a function of the step
       Tensor loss;
-      int64_t micro_tokens = 0;
       {
         PhaseScope ph(dev, "forward");
+        BatchPrefetcher::Batch b;
+        {
+          TagScope tag(MemoryTag::Activation);
+          MemoryLabelScope label("data");
+          b = prefetcher->get(data_position);
+        }
         TagScope tag(MemoryTag::Activation);
-        loss = task->micro_batch_loss(index, batch_size, policy, micro_tokens);
+        loss = task->loss(*b.host, b.arrays, policy);
+        tokens += b.host->tokens;
       }
-      tokens += micro_tokens;
+      ++data_position;
       {
         PhaseScope ph(dev, "backward");
         TagScope tag(MemoryTag::Gradient);
@@ -205,9 +219,12 @@ void Trainer::resume(const std::string& checkpoint) {
   if (checkpoint.empty()) return;
   std::string dir = checkpoint == "latest" ? latest_checkpoint(impl_->out_dir) : checkpoint;
   KESTREL_CHECK(!dir.empty(), "train", "--resume latest: no checkpoint under ", impl_->out_dir, "/checkpoints");
-  int64_t step = load_checkpoint(dir, impl_->task->parameters(), *impl_->optim);
-  impl_->step = step;
-  impl_->log("resumed from " + dir + " at step " + std::to_string(step));
+  CheckpointState st = load_checkpoint(dir, impl_->task->parameters(), *impl_->optim);
+  impl_->step = st.step;
+  impl_->data_position = st.data_position >= 0 ? static_cast<uint64_t>(st.data_position)
+                                               : static_cast<uint64_t>(st.step * impl_->accum);
+  impl_->log("resumed from " + dir + " at step " + std::to_string(st.step) + ", data position " +
+             std::to_string(impl_->data_position));
 }
 
 TrainSummary Trainer::run() {
@@ -223,6 +240,8 @@ TrainSummary Trainer::run() {
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
                 static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
   I.log(buf);
+  for (const std::string& o : I.device_overrides) I.log(std::string("on_") + (I.device.is_cuda() ? "cuda" : "cpu") + ": " + o);
+  const int64_t sample_every = I.cfg["sample_every"], sample_count = I.cfg["sample_count"];
   TrainSummary sum;
   auto t_run = std::chrono::steady_clock::now();
   memory_trace(I.device).reset_peaks();
@@ -274,12 +293,25 @@ TrainSummary Trainer::run() {
                     100 * e.shape_accuracy, 100 * e.position_accuracy);
       if (e.samples > 0) I.log(buf);
     }
+    if (sample_every > 0 && I.step % sample_every == 0 && I.step < I.total_steps) {
+      for (auto& [want, got] : I.task->samples(sample_count)) {
+        I.log("sample @ " + std::to_string(I.step) + ": " + (got == want ? "[ok]  " : "[bad] ") + "expected \"" + want +
+              "\" | generated \"" + got + "\"");
+      }
+    }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
-      std::string dir = save_checkpoint(I.out_dir, I.step, I.task->parameters(), *I.optim, I.cfg, keep);
+      std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg, keep);
       I.log("checkpoint " + dir);
     }
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+  {
+    BatchPrefetcher::Stats ps = I.prefetcher->stats();
+    std::snprintf(buf, sizeof buf, "data: %lld batches prepared ahead (prefetch %lld); the step waited for data %lld times, %.1f ms in all",
+                  static_cast<long long>(ps.prepared), static_cast<long long>(I.cfg["prefetch"].get<int64_t>()),
+                  static_cast<long long>(ps.waited), ps.wait_ms);
+    if (ps.prepared > 0) I.log(buf);
+  }
   if (!I.memory_profiling) {
     memory_trace(I.device).set_event_logging(false);
     memory_trace(I.device).clear_events();

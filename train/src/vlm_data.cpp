@@ -6,17 +6,20 @@
 
 namespace kestrel::train {
 
-Tensor normalize_images(const std::vector<const uint8_t*>& images, int64_t S, DType dtype, Device device) {
+std::vector<float> normalize_images(const std::vector<const uint8_t*>& images, int64_t S) {
   const int64_t count = static_cast<int64_t>(images.size());
-  std::vector<float> px(static_cast<size_t>(count * 3 * S * S));
+  std::vector<float> px(static_cast<size_t>(count * 3 * S * S));  // [count, 3, S, S]
   for (int64_t b = 0; b < count; ++b)
     for (int64_t y = 0; y < S; ++y)
       for (int64_t x = 0; x < S; ++x)
         for (int64_t c = 0; c < 3; ++c)
           px[((b * 3 + c) * S + y) * S + x] = (images[b][(y * S + x) * 3 + c] / 255.0f - 0.5f) / 0.5f;
-  return Tensor::from_vector(px, {count, 3, S, S}, dtype, device);
+  return px;
 }
 
+Tensor normalize_images(const std::vector<const uint8_t*>& images, int64_t S, DType dtype, Device device) {
+  return Tensor::from_vector(normalize_images(images, S), {static_cast<int64_t>(images.size()), 3, S, S}, dtype, device);
+}
 std::vector<uint8_t> resize_nearest(const Image& img, int64_t S) {
   if (img.width == S && img.height == S) return img.pixels;
   std::vector<uint8_t> out(static_cast<size_t>(S * S * 3));
@@ -29,8 +32,8 @@ std::vector<uint8_t> resize_nearest(const Image& img, int64_t S) {
   return out;
 }
 
-models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor pixel_values,
-                                int64_t tokens_per_image, Device device) {
+HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, std::vector<float> pixel_values, int64_t S,
+                              int64_t tokens_per_image) {
   ByteTokenizer tok;
   std::vector<int64_t> ids, labels, img_pos, lengths;
   for (const std::string& caption : captions) {
@@ -46,16 +49,38 @@ models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor
     ids.insert(ids.end(), doc.begin(), doc.end());
     lengths.push_back(static_cast<int64_t>(doc.size()));
   }
+  const int64_t T = static_cast<int64_t>(ids.size()), count = static_cast<int64_t>(captions.size());
+  KESTREL_CHECK(static_cast<int64_t>(pixel_values.size()) == count * 3 * S * S, "vlm_data", "pixel values hold ",
+                pixel_values.size(), " floats; ", count, " images of ", S, "x", S, " need ", count * 3 * S * S);
+  HostBatch b;
+  b.tokens = T;
+  b.arrays.push_back(host_array(ids, {T}, DType::I64));
+  b.arrays.push_back(host_array(labels, {T}, DType::I64));
+  b.arrays.push_back(host_array(pixel_values, {count, 3, S, S}, DType::F32));
+  b.arrays.push_back(host_array(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64));
+  add_packed_layout(b, lengths);
+  return b;
+}
+
+models::VlmBatch vlm_batch_from(const HostBatch& b, const std::vector<Tensor>& a, DType pixel_dtype) {
+  KESTREL_CHECK(a.size() == 6, "vlm_data", "a VLM batch has 6 arrays, got ", a.size());
   models::VlmBatch out;
-  const int64_t T = static_cast<int64_t>(ids.size());
-  out.input_ids = Tensor::from_vector(ids, {T}, DType::I64, device);
-  out.labels = Tensor::from_vector(labels, {T}, DType::I64, device);
-  out.pixel_values = std::move(pixel_values);
-  out.image_positions = Tensor::from_vector(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64, device);
-  out.layout = models::PackedBatch::from_lengths(lengths, device);
+  out.input_ids = a[0];
+  out.labels = a[1];
+  out.pixel_values = a[2].dtype() == pixel_dtype ? a[2] : a[2].to(pixel_dtype);
+  out.image_positions = a[3];
+  out.layout = packed_layout(a[4], a[5], b.max_seqlen);
   return out;
 }
 
+models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor pixel_values,
+                                int64_t tokens_per_image, Device device) {
+  const int64_t S = pixel_values.size(3);
+  HostBatch b = make_vlm_host_batch(captions, pixel_values.to_float_vector(), S, tokens_per_image);
+  std::vector<Tensor> a = arrays_to_device(b, device);
+  a[2] = pixel_values;
+  return vlm_batch_from(b, a, pixel_values.dtype());
+}
 // ---- image-text JSONL ----
 
 ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, int64_t tokens_per_image,
@@ -85,7 +110,7 @@ ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, 
   KESTREL_CHECK(!records_.empty(), "image_text", "'", jsonl_path, "' holds no records");
 }
 
-models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
+HostBatch ImageTextData::host_batch(uint64_t first, int64_t count) const {
   std::vector<std::string> captions;
   std::vector<std::vector<uint8_t>> images;
   for (int64_t b = 0; b < count; ++b) {
@@ -95,8 +120,12 @@ models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
   }
   std::vector<const uint8_t*> ptrs;
   for (auto& im : images) ptrs.push_back(im.data());
-  return make_vlm_batch(captions, normalize_images(ptrs, image_size_, pixel_dtype_, device_), tokens_per_image_,
-                        device_);
+  return make_vlm_host_batch(captions, normalize_images(ptrs, image_size_), image_size_, tokens_per_image_);
+}
+
+models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
+  HostBatch b = host_batch(first, count);
+  return vlm_batch_from(b, arrays_to_device(b, device_), pixel_dtype_);
 }
 
 // ---- the embedded shapes dataset ----
@@ -120,7 +149,7 @@ std::vector<int64_t> ShapesVlmData::prompt() const {
   return p;
 }
 
-models::VlmBatch ShapesVlmData::batch(uint64_t first, int64_t count) const {
+HostBatch ShapesVlmData::host_batch(uint64_t first, int64_t count) const {
   std::vector<std::string> captions;
   std::vector<std::vector<uint8_t>> imgs(static_cast<size_t>(count), std::vector<uint8_t>(dataset_.image_bytes()));
   std::vector<const uint8_t*> ptrs;
@@ -128,8 +157,13 @@ models::VlmBatch ShapesVlmData::batch(uint64_t first, int64_t count) const {
     captions.push_back(dataset_.render(first + static_cast<uint64_t>(b), imgs[b]).caption);
     ptrs.push_back(imgs[b].data());
   }
-  return make_vlm_batch(captions, normalize_images(ptrs, dataset_.image_size(), pixel_dtype_, device_),
-                        tokens_per_image_, device_);
+  return make_vlm_host_batch(captions, normalize_images(ptrs, dataset_.image_size()), dataset_.image_size(),
+                             tokens_per_image_);
+}
+
+models::VlmBatch ShapesVlmData::batch(uint64_t first, int64_t count) const {
+  HostBatch b = host_batch(first, count);
+  return vlm_batch_from(b, arrays_to_device(b, device_), pixel_dtype_);
 }
 
 }  // namespace kestrel::train

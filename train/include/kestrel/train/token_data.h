@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kestrel/models/packed_batch.h"
+#include "kestrel/train/host_batch.h"
 #include "kestrel/train/token_file.h"
 
 namespace kestrel::train {
@@ -18,6 +19,9 @@ struct TokenBatch {
   Tensor labels;     // [rows * seq_len] i64: the next token of the stream
   models::PackedBatch layout;
 };
+
+// The TokenBatch of a host batch's device arrays.
+TokenBatch token_batch_from(const HostBatch& b, const std::vector<Tensor>& arrays);
 
 class TokenStream {
  public:
@@ -33,6 +37,8 @@ class TokenStream {
   // Micro-batch `index`: rows r = 0..rows-1 take seq_len + 1 tokens starting at
   // (index * rows + r) * seq_len (rows overlap by the one target token).
   TokenBatch batch(uint64_t index, int64_t rows, int64_t seq_len, Device device) const;
+  // The same on the host (thread-safe): arrays input_ids, labels [rows * seq_len] i64, positions, cu_seqlens.
+  HostBatch host_batch(uint64_t index, int64_t rows, int64_t seq_len) const;
 
  private:
   std::vector<std::string> files_;

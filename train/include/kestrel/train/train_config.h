@@ -19,4 +19,11 @@ nlohmann::json resolve_train_config(const nlohmann::json& user, const std::strin
 // Applies "a.b.c=value" to `config` (the key must exist in the schema unless under model.config).
 void apply_override(nlohmann::json& config, const std::string& assignment);
 
+// Per-device settings: "on_cpu" / "on_cuda" hold dotted overrides ({"train.steps": 500}) applied
+// when the run's device is the CPU / a GPU (a CPU schedule for the quickstart, say). Applies the
+// device's entries, empties both objects, then re-applies `sets` (the command line's --set, which
+// win). Returns the assignments applied. The Trainer calls it too (no-op once emptied).
+std::vector<std::string> apply_device_overrides(nlohmann::json& config, bool on_cuda,
+                                                const std::vector<std::string>& sets = {});
+
 }  // namespace kestrel::train
