@@ -6,7 +6,9 @@ shapes as bench/cuda/flash_attention.cu: bf16, 16384 tokens as batch 16384/T, 32
 repeats, inputs rotated over several sets so L2 does not hold them.
 
 With --kestrel-json FILE (Google Benchmark --benchmark_format=json output of bench_flash_attention)
-the Kestrel numbers are printed in the same table.
+the Kestrel numbers are printed in the same table; --kestrel NAME=FILE (repeatable) adds one
+column per file, e.g. --kestrel mma=fwd_mma.json --kestrel wgmma=fwd_wgmma.json for an A/B of the
+forward kernels (KESTREL_FA_FWD).
 """
 import argparse
 import json
@@ -82,22 +84,31 @@ def load_kestrel(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kestrel-json", default=None)
+    ap.add_argument("--kestrel", action="append", default=[], metavar="NAME=FILE",
+                    help="extra kestrel column from a bench_flash_attention JSON file")
     ap.add_argument("--quick", action="store_true", help="only T=8192")
     args = ap.parse_args()
-    kes = load_kestrel(args.kestrel_json)
+    cols = []
+    if args.kestrel_json:
+        cols.append(("kestrel", load_kestrel(args.kestrel_json)))
+    for spec in args.kestrel:
+        name, path = spec.split("=", 1)
+        cols.append((f"kestrel {name}", load_kestrel(path)))
+    if not cols:
+        cols.append(("kestrel", {}))
     ts = [8192] if args.quick else [1024, 2048, 4096, 8192, 16384]
     print(f"# {torch.__version__} {torch.cuda.get_device_name()} bf16, {TOKENS} tokens, {HEADS} heads; TFLOP/s")
-    print("| pass | causal | D | T | kestrel | torch FA2 | torch cuDNN |")
-    print("|---|---|---|---|---|---|---|")
+    print("| pass | causal | D | T | " + " | ".join(n for n, _ in cols) + " | torch FA2 | torch cuDNN |")
+    print("|---|---|---|---|" + "---|" * (len(cols) + 2))
     for bwd in (False, True):
         for causal in (True, False):
             for d in (64, 128):
                 for t in ts:
                     fa = bench_torch(SDPBackend.FLASH_ATTENTION, t, d, causal, bwd)
                     cd = bench_torch(SDPBackend.CUDNN_ATTENTION, t, d, causal, bwd)
-                    k = kes.get((t, d, causal, bwd))
                     fmt = lambda x: "-" if x is None else f"{x:.0f}"
-                    print(f"| {'fwd+bwd' if bwd else 'fwd'} | {int(causal)} | {d} | {t} | {fmt(k)} | {fmt(fa)} | "
+                    ks = " | ".join(fmt(c.get((t, d, causal, bwd))) for _, c in cols)
+                    print(f"| {'fwd+bwd' if bwd else 'fwd'} | {int(causal)} | {d} | {t} | {ks} | {fmt(fa)} | "
                           f"{fmt(cd)} |", flush=True)
 
 

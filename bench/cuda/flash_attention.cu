@@ -3,8 +3,10 @@
 // and forward+backward. FLOPs are counted as FlashAttention does: forward 4*T*T*D*H per document
 // (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
 // TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
+// KESTREL_FA_FWD=mma|wgmma and KESTREL_FA_BWD=v2 pick the kernels (the label names the forward's).
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -92,7 +94,9 @@ void BM_flash_attention(benchmark::State& state) {
   const double fwd_flops = 4.0 * T * T * D * kHeads * docs * (causal ? 0.5 : 1.0);
   const double flops = fwd_flops * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd"));
+  const char* fwd_kind = std::getenv("KESTREL_FA_FWD");
+  state.SetLabel(std::string(causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd") + " fwd-kernel=" +
+                 (fwd_kind ? fwd_kind : "default"));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);

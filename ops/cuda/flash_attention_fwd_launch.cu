@@ -1,8 +1,13 @@
 // Entry point of the flash attention forward: validates the parameters once, picks the
 // head-dim instantiation (64 and 128 exact; other sizes zero-padded to 64/128/256, announced
-// once on stderr as the slower path) and launches on the caller's stream.
+// once on stderr as the slower path) and the kernel, and launches on the caller's stream.
+// Kernels: the Hopper wgmma kernel (flash_attention_fwd_wgmma_kernel.cuh) for padded head dims 64
+// and 128, the mma.sync kernel (flash_attention_fwd_kernel.cuh) for 256 and whenever
+// KESTREL_FA_FWD=mma (read on every call, so one benchmark process can A/B both).
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,6 +48,12 @@ int padded_head_dim(int head_dim) {
   return padded;
 }
 
+// KESTREL_FA_FWD=mma selects the mma.sync forward everywhere; unset or "wgmma" is the default.
+bool fwd_use_mma() {
+  const char* e = std::getenv("KESTREL_FA_FWD");
+  return e && std::strcmp(e, "mma") == 0;
+}
+
 }  // namespace fa
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
@@ -51,6 +62,12 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   if (p.num_docs == 0 || p.max_seqlen_q == 0) return;
   const int d = fa::padded_head_dim(p.head_dim);
   const bool bf = p.dtype == AttnDType::BF16;
+  if ((d == 64 || d == 128) && !fa::fwd_use_mma()) {
+    KESTREL_CHECK(p.max_seqlen_q / 128 < 65535, "flash_attention", "max_seqlen_q too large: ", p.max_seqlen_q);
+    if (d == 64) bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd_wgmma<__half, 64>(p, stream);
+    else bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd_wgmma<__half, 128>(p, stream);
+    return;
+  }
   switch (d) {
     case 64: bf ? fa::launch_fwd<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd<__half, 64>(p, stream); break;
     case 128: bf ? fa::launch_fwd<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd<__half, 128>(p, stream); break;

@@ -19,6 +19,15 @@ struct FwdTraits<128> { static constexpr int kBr = 128, kBc = 64, kMT = 2; };
 template <>
 struct FwdTraits<256> { static constexpr int kBr = 64, kBc = 32, kMT = 1; };
 
+// Hopper wgmma forward (flash_attention_fwd_wgmma_kernel.cuh): kWG consumer warpgroups x 64 query
+// rows per block, kBc-key tiles. Head dims 64 and 128 only (the others use the mma.sync kernel).
+template <int kD>
+struct WgmmaFwdTraits;
+template <>
+struct WgmmaFwdTraits<64> { static constexpr int kWG = 3, kBc = 128; };
+template <>
+struct WgmmaFwdTraits<128> { static constexpr int kWG = 2, kBc = 128; };
+
 // Backward: one block owns kBc keys (16 per warp) of one KV head and kDC of its output columns
 // (dk, dv, dq), and walks kBr-row query tiles of every query head of its GQA group.
 template <int kD>
@@ -48,6 +57,8 @@ int padded_head_dim(int head_dim);
 
 template <typename T, int kD>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream);
+template <typename T, int kD>
+void launch_fwd_wgmma(const FlashAttentionParams& p, cudaStream_t stream);  // kD 64 and 128
 template <typename T, int kD>
 void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream);     // 16 keys per warp (all head dims)
 template <typename T, int kD>

@@ -4,7 +4,9 @@
 // random bf16/f16 values; every output is NaN-poisoned before the kernel runs, so an unwritten
 // element or a NaN fails isfinite. Covers packed documents (length 1 included), len_q != len_k
 // with rows that see no key (out 0, lse -inf), GQA 1/4/8, causal and bidirectional, head dims
-// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility.
+// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility. The forward runs the Hopper
+// wgmma kernel by default (head dims 64/128 and those padded to them); ForwardKernelVariantsMatch
+// also runs the mma.sync kernel (KESTREL_FA_FWD=mma) and compares the two.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda/flash_attention.h"
+#include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
 #include "kestrel/runtime/cuda_check.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
@@ -353,10 +356,12 @@ struct Problem {
   float scale;
 };
 
-Problem make_problem(const Case& cs, uint32_t seed) {
+// q_std > 1 spreads the scores (std ~ q_std), so row maxima move between key tiles and the
+// online-softmax rescaling of O is exercised.
+Problem make_problem(const Case& cs, uint32_t seed, float q_std = 1.f) {
   std::mt19937 rng(seed);
   const size_t nq = (size_t)cs.total_q() * cs.hq * cs.d, nk = (size_t)cs.total_k() * cs.hkv * cs.d;
-  Problem p{cs, random_tensor(nq, 1.f, cs.dtype, rng), random_tensor(nk, 1.f, cs.dtype, rng),
+  Problem p{cs, random_tensor(nq, q_std, cs.dtype, rng), random_tensor(nk, 1.f, cs.dtype, rng),
             random_tensor(nk, 1.f, cs.dtype, rng), random_tensor(nq, 1.f, cs.dtype, rng),
             1.f / std::sqrt(static_cast<float>(cs.d))};
   return p;
@@ -431,8 +436,8 @@ void check_against(const Problem& pr, const Result& r, const Reference& ref) {
   EXPECT_LE(e_dv, tol.grad);
 }
 
-void run_case(const Case& cs, bool cpu_ref, uint32_t seed) {
-  const Problem pr = make_problem(cs, seed);
+void run_case(const Case& cs, bool cpu_ref, uint32_t seed, float q_std = 1.f) {
+  const Problem pr = make_problem(cs, seed, q_std);
   const Result r = run_flash(pr);
   const Reference ref = cpu_ref ? cpu_reference(cs, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, pr.scale)
                                 : gpu_reference(cs, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, pr.scale);
@@ -490,6 +495,55 @@ TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
   unsetenv("KESTREL_FA_BWD");
 }
 
+// Edge cases of the wgmma forward's tiles (128 query rows at head dim 128, 192 at 64; 128-key
+// tiles): documents shorter than one tile, lengths that are not multiples of 64/128/192, document
+// boundaries inside a tile, len_q != len_k both ways, and spread scores (rescaling across tiles).
+TEST(FlashAttentionCuda, WgmmaForwardTileEdges) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (bool causal : {true, false}) {
+    for (int d : {64, 128}) {
+      run_case(Case{{5, 130, 191, 193, 64, 1, 257}, {5, 130, 191, 193, 64, 1, 257}, 4, 2, d, causal, BF}, true, seed++);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 2, 1, d, causal, F16}, true, seed++);
+      run_case(single(385, 2, 2, d, causal, F16), true, seed++, 4.f);
+      run_case(Case{{1500, 63, 700}, {1500, 63, 700}, 8, 1, d, causal, BF}, false, seed++, 3.f);
+    }
+  }
+}
+
+// The mma.sync forward (KESTREL_FA_FWD=mma) against the references, and against the wgmma forward
+// on the same inputs.
+TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 600;
+  ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
+  std::printf("[flash] KESTREL_FA_FWD=mma\n");
+  for (bool causal : {true, false}) {
+    run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
+    run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
+    run_case(Case{{1000, 1, 300}, {1000, 1, 300}, 4, 1, 64, causal, F16}, false, seed++);
+    run_case(single(700, 4, 2, 128, causal, BF), false, seed++);
+  }
+  for (int d : {64, 128}) {
+    for (AttnDType t : {BF, F16}) {
+      const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, true, t}, seed++);
+      ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
+      const Result a = run_flash(pr);
+      ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "wgmma", 1));
+      const Result b = run_flash(pr);
+      const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
+      double lse_diff = 0;
+      for (size_t i = 0; i < a.lse.size(); ++i) lse_diff = std::max(lse_diff, (double)std::abs(a.lse[i] - b.lse[i]));
+      std::printf("[flash] wgmma vs mma D=%d %s: out rel %.2e, lse max abs diff %.2e\n", d, t == BF ? "bf16" : "f16",
+                  e_out, lse_diff);
+      EXPECT_EQ(count_nonfinite(to_float(b.out, t)), 0u);
+      EXPECT_LE(e_out, t == BF ? 1e-2 : 2e-3);
+      EXPECT_LE(lse_diff, 1e-4);
+    }
+  }
+  unsetenv("KESTREL_FA_FWD");
+}
+
 TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
   KESTREL_REQUIRE_GPU();
   const Problem pr = make_problem(Case{{1000, 1, 2049}, {1000, 1, 2049}, 8, 2, 128, true, BF}, 7);
@@ -508,6 +562,106 @@ TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
   }
   std::printf("[flash] dq repeat: %zu of %zu elements differ (max 1 bf16 ulp expected)\n", differ, qa.size());
   EXPECT_EQ(beyond_ulp, 0u);
+}
+
+// ---- wgmma primitives (flash_attention_wgmma.cuh) on one warpgroup, against a CPU GEMM ----
+// S[64,128] = Q[64,128] K[128,128]^T with both operands K-major in swizzled shared tiles, and
+// O[64,128] = P[64,128] V[128,128] with P in registers (A fragment layout) and V read MN-major.
+// The V descriptor's leading/stride byte offsets come from the caller, so a failure can say which
+// convention the hardware wants.
+template <typename T>
+__global__ void wgmma_probe_kernel(const T* q, const T* km, const T* pm, const T* vm, float* s_out, float* o_out,
+                                   uint32_t v_lbo, uint32_t v_sbo) {
+  using namespace kestrel::cuda::fa;
+  extern __shared__ unsigned char raw[];
+  const uint32_t sQ = (smem_u32(raw) + 1023u) & ~1023u, sK = sQ + 64 * 128 * 2, sV = sK + 128 * 128 * 2;
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, c = tid % 4;
+  load_tile_sw128<64, 128, 128>(sQ, q, 128, 64, 128, tid);
+  load_tile_sw128<128, 128, 128>(sK, km, 128, 128, 128, tid);
+  load_tile_sw128<128, 128, 128>(sV, vm, 128, 128, 128, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  float s[64], o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    WgmmaSS<T, 128>::run(s, wgmma_desc(sQ + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024),
+                         wgmma_desc(sK + (kk / 4) * 128 * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(s);
+  uint32_t pa[8][4];
+  const uint32_t* p32 = reinterpret_cast<const uint32_t*>(pm);  // [64][64] pairs
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int r0 = 16 * w + g, c0 = (16 * kk + 2 * c) / 2;
+    pa[kk][0] = p32[r0 * 64 + c0];
+    pa[kk][1] = p32[(r0 + 8) * 64 + c0];
+    pa[kk][2] = p32[r0 * 64 + c0 + 4];
+    pa[kk][3] = p32[(r0 + 8) * 64 + c0 + 4];
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) WgmmaRS<T, 128>::run(o, pa[kk], wgmma_desc(sV + kk * 2048, v_lbo, v_sbo));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(o);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * c + (i % 2);
+    s_out[row * 128 + col] = s[i];
+    o_out[row * 128 + col] = o[i];
+  }
+}
+
+TEST(FlashAttentionCuda, WgmmaPrimitivesMatchCpuGemm) {
+  KESTREL_REQUIRE_GPU();
+  for (AttnDType t : {AttnDType::BF16, AttnDType::F16}) {
+    std::mt19937 rng(42);
+    const LowTensor q = random_tensor(64 * 128, 1.f, t, rng), km = random_tensor(128 * 128, 1.f, t, rng),
+                    pm = random_tensor(64 * 128, 1.f, t, rng), vm = random_tensor(128 * 128, 1.f, t, rng);
+    std::vector<double> s_ref(64 * 128, 0.0), o_ref(64 * 128, 0.0);
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 128; ++j)
+        for (int d = 0; d < 128; ++d) {
+          s_ref[i * 128 + j] += (double)q.val[i * 128 + d] * km.val[j * 128 + d];
+          o_ref[i * 128 + j] += (double)pm.val[i * 128 + d] * vm.val[d * 128 + j];
+        }
+    DeviceBuffer<uint16_t> dq(q.bits.size()), dk(km.bits.size()), dp(pm.bits.size()), dv(vm.bits.size());
+    dq.upload(q.bits), dk.upload(km.bits), dp.upload(pm.bits), dv.upload(vm.bits);
+    DeviceBuffer<float> ds(64 * 128), dout(64 * 128);
+    const size_t smem = (64 + 2 * 128) * 128 * 2 + 1024;
+    // (leading, stride) byte offsets of V: ours (64-column slab stride, 8-key group stride), then swapped.
+    const uint32_t conv[2][2] = {{128 * 128, 1024}, {1024, 128 * 128}};
+    for (int v = 0; v < 2; ++v) {
+      ds.poison(), dout.poison();
+      if (t == AttnDType::BF16) {
+        auto kern = wgmma_probe_kernel<__nv_bfloat16>;
+        KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<1, 128, smem>>>((const __nv_bfloat16*)dq.ptr, (const __nv_bfloat16*)dk.ptr,
+                               (const __nv_bfloat16*)dp.ptr, (const __nv_bfloat16*)dv.ptr, ds.ptr, dout.ptr,
+                               conv[v][0], conv[v][1]);
+      } else {
+        auto kern = wgmma_probe_kernel<__half>;
+        KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<1, 128, smem>>>((const __half*)dq.ptr, (const __half*)dk.ptr, (const __half*)dp.ptr,
+                               (const __half*)dv.ptr, ds.ptr, dout.ptr, conv[v][0], conv[v][1]);
+      }
+      KESTREL_CUDA_CHECK_LAUNCH();
+      KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+      const double e_s = rel_l2(ds.download(), s_ref), e_o = rel_l2(dout.download(), o_ref);
+      std::printf("[flash] wgmma probe %s V(lbo %u, sbo %u): S rel %.2e, O rel %.2e\n",
+                  t == AttnDType::BF16 ? "bf16" : "f16", conv[v][0], conv[v][1], e_s, e_o);
+      if (v == 0) {  // the convention the kernel uses
+        EXPECT_LE(e_s, 1e-4);
+        EXPECT_LE(e_o, 1e-4);
+      }
+    }
+  }
 }
 
 TEST(FlashAttentionCuda, InvalidParamsThrow) {

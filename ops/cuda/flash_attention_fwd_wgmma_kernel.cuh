@@ -1,0 +1,253 @@
+// Flash attention forward for Hopper (sm_90a) with warpgroup MMA: one block of kWG consumer
+// warpgroups x 64 query rows per (query tile, query head, document), FA3's ideas in our code.
+//
+// Per key tile (kBc keys, walked from the last to the first so the masked tiles come first):
+//   S = Q K^T     wgmma m64n{kBc}k16, Q and K K-major from 128-byte-swizzled shared tiles;
+//   online softmax on the S accumulator registers (row max m, row sum l, O rescale);
+//   O += P V      wgmma m64n{kD}k16, P from registers (the S accumulator layout packs straight
+//                 into the A fragment), V [key][d] read MN-major through the transpose bit.
+// Pipelining inside a warpgroup: iteration i issues S(i) and then P(i-1) V(i-1) back to back,
+// waits for S(i) only, runs the softmax of tile i while the P V GEMM is still on the tensor cores,
+// then waits for it, rescales O and packs P(i). The two (three) warpgroups of a block interleave
+// their GEMMs and softmaxes on their own. Tiles arrive by cp.async (zero-fill past the document /
+// head_dim), issued one iteration ahead into double buffers for K and V: one __syncthreads per key
+// tile. Causal masking is bottom-right aligned per document; rows with no visible key give out = 0
+// and lse = -inf (same outputs as the mma.sync kernel in flash_attention_fwd_kernel.cuh).
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention_wgmma.cuh"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace kestrel::cuda::fa {
+
+// Copies a [kRows, kD] tile (global row stride `stride` elements) into the [kD/64][kRows][64]
+// swizzled layout of flash_attention_wgmma.cuh; rows >= valid_rows and columns >= valid_cols are
+// zero-filled.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_sw128(uint32_t smem, const T* gmem, int64_t stride, int valid_rows,
+                                                int valid_cols, int tid) {
+  constexpr int kChunks = kD / 8;
+  constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+    const int idx = it * kThreads + tid;
+    if (kTotal % kThreads != 0 && idx >= kTotal) break;
+    const int row = idx / kChunks, ch = idx % kChunks;
+    const bool pred = row < valid_rows && ch * 8 < valid_cols;
+    const T* src = pred ? gmem + row * stride + ch * 8 : gmem;
+    const uint32_t dst = smem + (ch / 8) * (kRows * 128) + row * 128 + (((ch % 8) ^ (row % 8)) << 4);
+    cp_async_16(dst, src, pred);
+  }
+}
+
+template <typename T, int kD, int kWG, int kBc>
+__global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const FlashAttentionParams p) {
+  constexpr int kBr = kWG * 64;
+  constexpr int kThreads = kWG * 128;
+  constexpr int kNs = kBc / 2;  // S accumulator floats per thread
+  constexpr int kNo = kD / 2;   // O accumulator floats per thread
+  constexpr int kKs = kBc / 16; // k-steps of P V (A fragments of P)
+  constexpr uint32_t kQBytes = kBr * kD * 2, kKVBytes = kBc * kD * 2;
+  static_assert(kD % 64 == 0 && kBc % 64 == 0, "64-column swizzle slabs");
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [kD/64][kBr][64]
+  const uint32_t sK = sQ + kQBytes;                            // 2 stages of [kD/64][kBc][64]
+  const uint32_t sV = sK + 2 * kKVBytes;                       // 2 stages of [kD/64][kBc][64]
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int h = blockIdx.x;
+  const int doc = blockIdx.z;
+  const int m_block = gridDim.y - 1 - blockIdx.y;  // heaviest (causal) tiles launch first
+  const int q_start = p.cu_seqlens_q[doc], len_q = p.cu_seqlens_q[doc + 1] - q_start;
+  const int k_start = p.cu_seqlens_k[doc], len_k = p.cu_seqlens_k[doc + 1] - k_start;
+  const int m0 = m_block * kBr;
+  if (m0 >= len_q) return;
+  const int hk = h / (p.num_heads_q / p.num_heads_kv);
+  const int D = p.head_dim;
+  const int off = len_k - len_q;  // key j visible to query i iff j <= i + off (causal)
+  const int n_end = p.causal ? min(len_k, m0 + kBr + off) : len_k;
+  const int n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
+  const int wg_row0 = m0 + wg * 64;                   // first query row of this warpgroup
+  const int row_base = wg_row0 + wwarp * 16 + g;      // rows row_base and row_base + 8 of this thread
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const int64_t q_stride = static_cast<int64_t>(p.num_heads_q) * D;
+  const int64_t kv_stride = static_cast<int64_t>(p.num_heads_kv) * D;
+  const T* k_head = k + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
+  const T* v_head = v + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
+  auto load_k = [&](int nb, int stage) {
+    const int n0 = nb * kBc;
+    load_tile_sw128<kBc, kD, kThreads>(sK + stage * kKVBytes, k_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
+  };
+  auto load_v = [&](int nb, int stage) {
+    const int n0 = nb * kBc;
+    load_tile_sw128<kBc, kD, kThreads>(sV + stage * kKVBytes, v_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
+  };
+
+  float o[kNo];
+#pragma unroll
+  for (int i = 0; i < kNo; ++i) o[i] = 0.f;
+  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  const float sl2 = p.softmax_scale * 1.4426950408889634f;
+  float s[kNs];
+  uint32_t pa[kKs][4];
+
+  // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage`.
+  auto issue_qk = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t a_addr = sQ + (kk / 4) * (kBr * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t b_addr = sK + stage * kKVBytes + (kk / 4) * (kBc * 128) + (kk % 4) * 32;
+      WgmmaSS<T, kBc>::run(s, wgmma_desc(a_addr, 16, 1024), wgmma_desc(b_addr, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V against the V tile in `stage`.
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      const uint32_t b_addr = sV + stage * kKVBytes + kk * (16 * 128);
+      WgmmaRS<T, kD>::run(o, pa[kk], wgmma_desc(b_addr, kBc * 128, 1024));
+    }
+    wgmma_commit();
+  };
+  // Masks S of key block nb where needed, updates m/l, turns S into unnormalised P (f32) and
+  // returns the O rescale factors.
+  auto softmax = [&](int nb, float (&alpha)[2]) {
+    const int n0 = nb * kBc;
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_base + (e >= 2 ? 8 : 0);
+          const int col = n0 + j * 8 + 2 * c + (e & 1);
+          if (col >= len_k || (p.causal && col > i + off)) s[4 * j + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_i[r];
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = quad_max(mx);
+      alpha[r] = (m_i[r] == -INFINITY) ? 0.f : fast_exp2((m_i[r] - mx) * sl2);
+      const float ms = (mx == -INFINITY) ? 0.f : mx * sl2;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+        s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], sl2, -ms));
+        s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], sl2, -ms));
+        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+      }
+      l_i[r] = l_i[r] * alpha[r] + sum;
+      m_i[r] = mx;
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  if (n_blocks > 0) {
+    // Prologue: Q and the first K tile, then the next K and the first V in flight during S(0).
+    const T* q_tile = q + (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
+    load_tile_sw128<kBr, kD, kThreads>(sQ, q_tile, q_stride, len_q - m0, D, tid);
+    load_k(n_blocks - 1, 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (n_blocks > 1) load_k(n_blocks - 2, 1);
+    load_v(n_blocks - 1, 0);
+    cp_async_commit();
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    float alpha[2];
+    softmax(n_blocks - 1, alpha);
+    pack_p();
+
+    for (int it = 1; it < n_blocks; ++it) {
+      const int nb = n_blocks - 1 - it;  // key block of S in this iteration
+      cp_async_wait<0>();                // K(it) and V(it - 1) of this thread landed
+      fence_proxy_async();
+      __syncthreads();                   // ... of every thread; iteration it - 1's GEMMs are done
+      if (nb > 0) load_k(nb - 1, (it + 1) & 1);
+      load_v(nb, it & 1);
+      cp_async_commit();
+
+      wgmma_fence();
+      issue_qk(it & 1);
+      issue_pv((it - 1) & 1);
+      wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
+      fence_regs(s);
+      softmax(nb, alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+      pack_p();
+    }
+
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    issue_pv((n_blocks - 1) & 1);
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+
+  // Epilogue: O / l, lse = m * scale + ln(l); rows without a visible key give 0 and -inf.
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(l_i[r]);
+    const int row = row_base + r * 8;
+    if (row >= len_q) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t tok = q_start + row;
+    T* orow = out + (tok * p.num_heads_q + h) * D;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = j * 8 + 2 * c;
+      if (col < D) *reinterpret_cast<uint32_t*>(orow + col) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (c == 0) p.lse[tok * p.num_heads_q + h] = l > 0.f ? m_i[r] * p.softmax_scale + logf(l) : -INFINITY;
+  }
+}
+
+template <typename T, int kD>
+void launch_fwd_wgmma(const FlashAttentionParams& p, cudaStream_t stream) {
+  constexpr int kWG = WgmmaFwdTraits<kD>::kWG, kBc = WgmmaFwdTraits<kD>::kBc;
+  constexpr int kBr = kWG * 64;
+  constexpr size_t smem = static_cast<size_t>(kBr + 4 * kBc) * kD * 2 + 1024;  // + 1 KiB for alignment
+  auto kernel = flash_fwd_wgmma_kernel<T, kD, kWG, kBc>;
+  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(p.num_heads_q, (p.max_seqlen_q + kBr - 1) / kBr, p.num_docs);
+  kernel<<<grid, kWG * 128, smem, stream>>>(p);
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda::fa
