@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
@@ -21,7 +22,7 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kBc, int kBr, int kDC>
+template <typename T, int kD, int kBc, int kBr, int kDC, bool kExact>
 __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdArgs a) {
   constexpr int kWarps = kBc / 16;
   constexpr int kThreads = kWarps * 32;
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   const int n0 = n_block * kBc;
   if (n0 >= len_k) return;
   const int group = p.num_heads_q / p.num_heads_kv;
-  const int D = p.head_dim;
+  const int D = kExact ? kD : p.head_dim;  // kExact: the head dim is the tile's (no column checks)
   const int off = len_k - len_q;
   // Causal: queries below n0 - off see none of these keys.
   const int m_begin = p.causal ? max(0, n0 - off) / kBr : 0;
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   const int rg = warp % kRowGroups, cg = warp / kRowGroups;  // dQ warp tile
   const uint32_t base_kq = swz<kD>(((lane / 8) & 1) * 8 + (lane % 8), lane / 16 ^ ((dc0 + cg * kQCols) / 8));
   const uint32_t base_ds = swz<kBr>((lane / 16) * 8 + (lane % 8), ((lane / 8) & 1) ^ (rg * 2));
+  const uint32_t base_st = swz<kBr>(warp * 16 + g, 0) + c * 4;  // dS^T stores: key row, column pair c
 
   for (int it = 0; it < n_iter; ++it) {
     const int h = hk * group + it / tiles_per_head;
@@ -144,23 +146,30 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
       }
     }
 
-    // P^T and dS^T (f32), masked where the key is invisible or the row/key is padding.
+    // P^T and dS^T (f32), masked where the key is invisible or the row/key is padding. The mask
+    // test is hoisted out of the element loops (two straight-line copies), as in the tiled kernel.
     const bool need_mask = (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
+    auto softmax = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = nt * 8 + 2 * c + (e & 1);
-        float pv = fast_exp2(s[nt][e] * sl2 - lse[qi]);
-        if (need_mask) {
-          const int j = key_lo + (e >= 2 ? 8 : 0);
-          const int i = m0 + qi;
-          if (i >= len_q || j >= len_k || (p.causal && j > i + off)) pv = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int qi = nt * 8 + 2 * c + (e & 1);
+          float pv = fast_exp2(s[nt][e] * sl2 - lse[qi]);
+          if constexpr (decltype(masked)::value) {
+            const int j = key_lo + (e >= 2 ? 8 : 0);
+            const int i = m0 + qi;
+            pv = (i >= len_q || j >= len_k || (p.causal && j > i + off)) ? 0.f : pv;
+          }
+          s[nt][e] = pv;
+          dp[nt][e] = pv * (dp[nt][e] - dlt[qi]);
         }
-        s[nt][e] = pv;
-        dp[nt][e] = pv * (dp[nt][e] - dlt[qi]);
       }
-    }
+    };
+    if (need_mask)
+      softmax(std::true_type{});
+    else
+      softmax(std::false_type{});
 
     // dV += P^T dO and dK += dS^T Q over this block's output columns [dc0, dc0 + kDC).
 #pragma unroll
@@ -176,12 +185,11 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
       ads[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
       // dS^T to shared memory ([key][query], swizzled) for the dQ product.
       {
-        const int r0 = warp * 16 + g;
         uint8_t* base = smem + (sdS - sK);
-        *reinterpret_cast<uint32_t*>(base + swz<kBr>(r0, 2 * kk) + c * 4) = ads[0];
-        *reinterpret_cast<uint32_t*>(base + swz<kBr>(r0 + 8, 2 * kk) + c * 4) = ads[1];
-        *reinterpret_cast<uint32_t*>(base + swz<kBr>(r0, 2 * kk + 1) + c * 4) = ads[2];
-        *reinterpret_cast<uint32_t*>(base + swz<kBr>(r0 + 8, 2 * kk + 1) + c * 4) = ads[3];
+        *reinterpret_cast<uint32_t*>(base + swz_at<kBr>(base_st, 0, 2 * kk)) = ads[0];
+        *reinterpret_cast<uint32_t*>(base + swz_at<kBr>(base_st, 8, 2 * kk)) = ads[1];
+        *reinterpret_cast<uint32_t*>(base + swz_at<kBr>(base_st, 0, 2 * kk + 1)) = ads[2];
+        *reinterpret_cast<uint32_t*>(base + swz_at<kBr>(base_st, 8, 2 * kk + 1)) = ads[3];
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < kDC / 16; ++dt2) {
@@ -214,16 +222,18 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
           mma16816<T>(dq[2 * dt2 + 1], ad, b[2], b[3]);
         }
       }
+      // One row pointer, computed once; the column offsets are compile-time.
+      const int row0 = m0 + rg * 16 + g;
+      const int col0 = dc0 + cg * kQCols + 2 * c;
+      float* dst0 = a.dq_accum + (static_cast<int64_t>(q_start + row0) * p.num_heads_q + h) * D + col0;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = m0 + rg * 16 + g + r * 8;
-        if (row >= len_q) continue;
-        float* dst = a.dq_accum + (static_cast<int64_t>(q_start + row) * p.num_heads_q + h) * D;
+        if (row0 + r * 8 >= len_q) continue;
+        float* dst = dst0 + static_cast<int64_t>(r) * 8 * p.num_heads_q * D;
 #pragma unroll
         for (int dt = 0; dt < kQCols / 8; ++dt) {
-          const int col = dc0 + cg * kQCols + dt * 8 + 2 * c;
-          if (col < D)
-            atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[dt][2 * r], dq[dt][2 * r + 1]));
+          if (kExact || col0 + dt * 8 < D)
+            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8), make_float2(dq[dt][2 * r], dq[dt][2 * r + 1]));
         }
       }
     }
@@ -255,7 +265,8 @@ template <typename T, int kD, int kBc, int kBr, int kDC>
 void launch_bwd_cfg(const BwdArgs& a, cudaStream_t stream) {
   constexpr int kThreads = kBc / 16 * 32;
   constexpr size_t smem = static_cast<size_t>(2 * kBc * kD + 4 * kBr * kD + kBc * kBr) * 2 + 4 * kBr * sizeof(float);
-  auto kernel = flash_bwd_kernel<T, kD, kBc, kBr, kDC>;
+  auto kernel = a.p.head_dim == kD ? flash_bwd_kernel<T, kD, kBc, kBr, kDC, true>
+                                    : flash_bwd_kernel<T, kD, kBc, kBr, kDC, false>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(a.p.num_heads_kv * (kD / kDC), (a.p.max_seqlen_k + kBc - 1) / kBc, a.p.num_docs);
   kernel<<<grid, kThreads, smem, stream>>>(a);
