@@ -1,7 +1,8 @@
 // kestrel-mem: where device memory goes, and whether a configuration fits.
 //   kestrel-mem profile --config run.json --steps N [--memory-budget 40GiB] [--set k=v] --out DIR
-//       runs N real training steps with the trace's event log on; writes DIR/memory.json and
-//       DIR/memory.html (with the plan next to the measurement) and prints a summary table.
+//       runs N real training steps with the trace's event log on; writes DIR/memory.json,
+//       DIR/memory.html (with the plan next to the measurement) and DIR/memory_snapshot.pickle (the
+//       log in PyTorch's snapshot format, for pytorch.org/memory_viz) and prints a summary table.
 //   kestrel-mem plan --config run.json [--memory-budget 40GiB] [--set k=v] [--find-max batch|seq_len]
 //       predicts the peak per tag without running; says whether it fits and the headroom.
 // Exit codes: 0 ok (plan: fits), 1 error, 2 usage, 3 out of budget (profile) / does not fit (plan).
@@ -66,15 +67,14 @@ int profile(const Args& a) {
   popt.max_events = 1u << 23;
   int rc = 0;
   std::string oom;
-  {
+  try {
+    // Building the model and its optimizer state can go over the budget too: same report.
     train::Trainer trainer(cfg);
     trainer.set_memory_profiling(true);
-    try {
-      trainer.run();
-    } catch (const OutOfBudget& e) {
-      oom = e.what();
-      rc = 3;
-    }
+    trainer.run();
+  } catch (const OutOfBudget& e) {
+    oom = e.what();
+    rc = 3;
   }
   trace.set_event_logging(false);
   popt.budget = memory_budget(dev);
@@ -98,7 +98,8 @@ int profile(const Args& a) {
   }
   std::printf("%-16s %14s %14s %7.1f%%\n", "peak in use", format_bytes(plan.peak).c_str(), format_bytes(p.peak_in_use).c_str(),
               p.peak_in_use ? 100.0 * static_cast<double>(plan.peak) / static_cast<double>(p.peak_in_use) : 0.0);
-  std::printf("wrote %s and %s/memory.html\n", path.c_str(), a.out.c_str());
+  std::printf("wrote %s, %s/memory.html and %s/memory_snapshot.pickle (PyTorch memory_viz format)\n", path.c_str(),
+              a.out.c_str(), a.out.c_str());
   if (rc == 3) std::fprintf(stderr, "kestrel-mem: the run went out of the memory budget:\n%s\n", oom.c_str());
   return rc;
 }

@@ -15,11 +15,13 @@
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
+#include "memory_plan_workspace.h"
 
 namespace kestrel::train {
 
 using nlohmann::json;
 using autograd::RecomputePolicy;
+using namespace plan_detail;
 
 namespace {
 
@@ -61,7 +63,8 @@ struct LayerCosts {
 
 class Planner {
  public:
-  Planner(const models::VlmConfig& mc, const Shapes& s, RecomputePolicy policy) : mc_(mc), s_(s), policy_(policy) {
+  Planner(const models::VlmConfig& mc, const Shapes& s, RecomputePolicy policy, bool cuda)
+      : cuda_(cuda), mc_(mc), s_(s), policy_(policy) {
     const auto& tc = mc.text_config;
     C_ = tc.hidden_size, I_ = tc.intermediate_size, D_ = tc.head_dim, Hq_ = tc.num_attention_heads,
     Hkv_ = tc.num_key_value_heads, V_ = tc.vocab_size, L_ = tc.num_hidden_layers;
@@ -69,6 +72,14 @@ class Planner {
     E_ = vc.hidden_size, IV_ = vc.intermediate_size, HV_ = vc.num_attention_heads, LV_ = vc.num_hidden_layers;
   }
   Ledger led;
+  const bool cuda_;  // CUDA kernels: their Workspace buffers (memory_plan_workspace.h) instead of the CPU's scratch
+
+  // A kernel's scratch, freed when the kernel returns (CUDA only: the CPU kernels' scratch is modelled inline).
+  void workspace(int64_t bytes) {
+    if (!cuda_) return;
+    led.alloc(MemoryTag::Workspace, bytes);
+    led.free(MemoryTag::Workspace, bytes);
+  }
 
   // --- decoder layer (models/src/decoder.cpp: layer_forward) ---
   // Forward with recording: allocations in order; the saved set stays.
@@ -143,6 +154,7 @@ class Planner {
     // add_rms_norm: dh, dw; gy and g are released; h2 and rstd go.
     led.alloc(kGrad, TC);
     pgrad(C_ * b);
+    workspace(cuda_norm_backward_workspace_bytes(T, C_, 1));
     led.free(kGrad, TC);  // gy
     if (!region) led.free(kGrad, TC);  // g (the layer output's gradient)
     led.free(kAct, TC + T * 4);  // h2, rstd
@@ -152,9 +164,14 @@ class Planner {
     led.alloc(kGrad, Q);
     pgrad(C_ * Hq_ * D_ * b);
     if (region) led.free(kGrad, TC);  // d, consumed by o_proj
-    led.alloc(kGrad, T * Hq_ * 4);  // attention backward row statistics
-    led.alloc(kGrad, Q + 2 * K);
-    led.free(kGrad, T * Hq_ * 4);
+    if (cuda_) {
+      led.alloc(kGrad, Q + 2 * K);
+      workspace(cuda_attention_backward_workspace_bytes(T, Hq_, D_));
+    } else {
+      led.alloc(kGrad, T * Hq_ * 4);  // attention backward row statistics (CPU kernel)
+      led.alloc(kGrad, Q + 2 * K);
+      led.free(kGrad, T * Hq_ * 4);
+    }
     led.free(kGrad, Q);
     led.free(kAct, Q + 2 * K + Q + T * Hq_ * 4);
     // rope backward (k then q), v/k/q linears: dx each [T, C], accumulated out of place.
@@ -180,6 +197,7 @@ class Planner {
     // rms_norm: dx, dw; its input (the layer input) and rstd go; accumulated into the residual gradient.
     led.alloc(kGrad, TC);
     pgrad(C_ * b);
+    workspace(cuda_norm_backward_workspace_bytes(T, C_, 1));
     led.free(kGrad, TC);
     led.free(kAct, T * 4 + (free_input ? TC : 0));
     if (region) {
@@ -235,6 +253,7 @@ class Planner {
     // ln2: dx, dw, db; accumulated with g into h's gradient (g stays alive in a region's closure).
     led.alloc(kGrad, TE);
     pgrad(2 * E_ * b);
+    workspace(cuda_norm_backward_workspace_bytes(T, E_, 2));
     led.free(kGrad, TE);
     led.alloc(kGrad, TE);
     led.free(kGrad, region ? TE : 2 * TE);
@@ -244,9 +263,15 @@ class Planner {
     led.alloc(kGrad, TE);
     pgrad(E_ * E_ * b + E_ * b);
     if (region) led.free(kGrad, TE);
-    led.alloc(kGrad, T * HV_ * 4);
-    led.alloc(kGrad, 3 * TE);
-    led.free(kGrad, TE + T * HV_ * 4);
+    if (cuda_) {
+      led.alloc(kGrad, 3 * TE);
+      workspace(cuda_attention_backward_workspace_bytes(T, HV_, E_ / HV_));
+      led.free(kGrad, TE);
+    } else {
+      led.alloc(kGrad, T * HV_ * 4);  // attention backward row statistics (CPU kernel)
+      led.alloc(kGrad, 3 * TE);
+      led.free(kGrad, TE + T * HV_ * 4);
+    }
     led.free(kAct, 4 * TE + T * HV_ * 4);
     // v, k, q linears: dx each, accumulated.
     for (int i = 0; i < 3; ++i) {
@@ -261,6 +286,7 @@ class Planner {
     // ln1: dx, dw, db; accumulated into x's gradient.
     led.alloc(kGrad, TE);
     pgrad(2 * E_ * b);
+    workspace(cuda_norm_backward_workspace_bytes(T, E_, 2));
     led.free(kGrad, TE);
     led.free(kAct, TE + 2 * T * 4 + (free_input ? TE : 0));  // y, stats, the block input
     if (region) {
@@ -327,7 +353,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   plan.device = on_cuda ? "cuda" : "cpu";
   plan.precision = std::string(dtype_name(dtype));
   plan.recompute = autograd::policy_name(policy);
-  plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{600} << 20 : 0);
+  plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{560} << 20 : 0);
   if (std::string budget = cfg["memory_budget"]; !budget.empty()) plan.budget = parse_bytes(budget);
 
   // Tokens: the largest micro-batch of the planned steps (captions vary in length).
@@ -360,12 +386,14 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   plan.tokens = s.T;
   plan.parameters = vlm ? vlm_parameter_count(mc) : decoder_parameter_count(mc.text_config);
 
-  Planner P(mc, s, policy);
+  Planner P(mc, s, policy, on_cuda);
   Ledger& L = P.led;
   const int64_t b = s.b, T = s.T, C = P.C_, E = P.E_, V = P.V_;
   const auto& tc = mc.text_config;
   const int64_t pbytes = plan.parameters * b;
   L.where = "setup";
+  // The CUDA context's cuBLASLt workspace exists before the model (it is live for the whole run).
+  if (on_cuda) L.alloc(MemoryTag::Workspace, cuda_context_workspace_bytes());
   L.alloc(MemoryTag::Parameter, pbytes);
   if (!on_cuda) {
     // CPU initialisation draws each weight as an f32 tensor (tagged Parameter) before copying it in;
@@ -427,23 +455,33 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   L.where = "forward: final norm + loss";
   L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
   L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
+  // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
+  // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
+  // chunk's d_hidden. CUDA: the launcher's workspace (forward without, backward with the kept rows),
+  // and in backward an f32 d_weight that is cast into the bf16/f16 gradient.
   const int64_t Nc = std::min<int64_t>(512, T);
   const int64_t Vc = std::clamp<int64_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(C, 1), 256, 4096), 1, V);
-  const int64_t ce_scratch = Nc * Vc * 4 + (dtype == DType::F32 ? 0 : (Nc + Vc) * C * 4);
-  L.alloc(MemoryTag::Workspace, ce_scratch);
-  L.free(MemoryTag::Workspace, ce_scratch);
+  const int64_t ce_forward = on_cuda ? cuda_cross_entropy_workspace_bytes(T, V, dtype, false)
+                                     : Nc * Vc * 4 + (dtype == DType::F32 ? 0 : (Nc + Vc) * C * 4);
+  const int64_t ce_backward =
+      on_cuda ? cuda_block_bytes(4) + (dtype == DType::F32 ? 0 : cuda_block_bytes(V * C * 4)) +
+                    cuda_cross_entropy_workspace_bytes(T, V, dtype, true)
+              : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
+  L.alloc(MemoryTag::Workspace, ce_forward);
+  L.free(MemoryTag::Workspace, ce_forward);
 
   // ---- backward ----
   L.where = "backward: loss";
   L.alloc(kGrad, 4);  // the seed
   L.alloc(kGrad, T * C * b);  // d_hidden
   L.alloc(kGrad, V * C * b);  // d_lm_head (the tied embedding's gradient)
-  L.alloc(MemoryTag::Workspace, ce_scratch + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4));
-  L.free(MemoryTag::Workspace, ce_scratch + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4));
+  L.alloc(MemoryTag::Workspace, ce_backward);
+  L.free(MemoryTag::Workspace, ce_backward);
   L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
   L.free(kGrad, 4);
   L.where = "backward: final norm";
   L.alloc(kGrad, T * C * b + C * b);
+  P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
   L.free(kGrad, T * C * b);
   L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
   for (int64_t l = P.L_ - 1; l >= 0; --l) {
@@ -478,6 +516,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.free(kGrad, Ti * Hp * b);
     L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
     L.alloc(kGrad, TE + 2 * E * b);
+    P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
     L.free(kGrad, 2 * TE);
     L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
     for (int64_t l = P.LV_ - 1; l >= 0; --l) {

@@ -217,6 +217,7 @@ MemoryProfile analyze_memory(const std::vector<MemoryEvent>& events, const Memor
   std::sort(p.labels_at_peak.begin(), p.labels_at_peak.end(),
             [](const auto& a, const auto& b) { return a.second > b.second; });
   if (p.labels_at_peak.size() > 40) p.labels_at_peak.resize(40);
+  if (options.viz) p.viz = build_memory_viz_trace(events, start, end, options.budget);
   return p;
 }
 
@@ -297,6 +298,7 @@ std::string write_memory_profile(const MemoryProfile& p, const std::string& dir)
   std::ofstream h(hpath);
   KESTREL_CHECK(h.good(), "memory-profile", "cannot write ", hpath);
   h << profile_to_html(p);
+  if (!p.viz.empty()) write_memory_viz(p.viz, dir);
   return jpath;
 }
 

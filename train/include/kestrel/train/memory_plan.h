@@ -5,12 +5,17 @@
 // op's outputs and what its tape entry saves (read from ops/src/*: e.g. a linear saves its input,
 // attention saves q, k, v, out and the f32 log-sum-exp, a norm saves its input and f32 row
 // statistics), the transients freed within a module, the recompute policy (a region keeps only its
-// input; its backward re-runs it under the Activation tag), the fused linear + cross-entropy
-// scratch (Workspace), and the backward walk (input gradients, out-of-place accumulation of
-// non-leaf gradients, parameter gradients that live until the optimizer's zero_grad). The result
-// is the peak per tag and the peak of the sum (bytes in use), which a profile measures exactly.
-// Not modelled: allocator rounding and caching (reserved > in use on CUDA), External (context and
-// library memory: pass `external_bytes`), and allocations smaller than one row of the batch.
+// input; its backward re-runs it under the Activation tag), the kernels' scratch (Workspace: on
+// the CPU the cross-entropy chunks; on CUDA the context's 32 MiB cuBLASLt workspace, the fused
+// cross-entropy workspace with its f32 d_weight, the flash attention backward and norm backward
+// buffers, sized as ops/cuda sizes them: src/memory_plan_workspace.h), and the backward walk
+// (input gradients, out-of-place accumulation of non-leaf gradients, parameter gradients that live
+// until the optimizer's zero_grad). The result is the peak per tag and the peak of the sum (bytes
+// in use), which a profile measures exactly.
+// Not modelled: allocator rounding (512 B) and caching (reserved > in use on CUDA), offloading
+// (planned as recompute: the offloaded region inputs are counted on the device), External
+// (context and library memory: pass `external_bytes`; the default is the H200 / CUDA 13 figure),
+// and allocations smaller than one row of the batch.
 #pragma once
 
 #include <array>
@@ -39,7 +44,7 @@ struct MemoryPlan {
 
 struct PlanOptions {
   int64_t steps = 0;           // micro-batches to size the token count from (0 = train.steps, at most 64)
-  int64_t external_bytes = -1; // -1: 0 on the CPU, 600 MiB on CUDA (context + cuBLASLt)
+  int64_t external_bytes = -1; // -1: 0 on the CPU, 560 MiB on CUDA (measured 530 MiB on an H200)
 };
 
 // `config` is a resolved trainer config (resolve_train_config); the budget comes from its

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/train/memory_viz_export.h"
 
 namespace kestrel::train {
 
@@ -86,6 +87,7 @@ struct MemoryProfile {
   std::array<std::vector<int64_t>, kNumMemoryTags> by_tag;
   std::vector<PhaseSpan> spans;
   nlohmann::json plan;  // null unless attached
+  MemoryVizTrace viz;   // the log as a PyTorch memory snapshot (memory_snapshot.pickle); empty unless kept
 };
 
 struct ProfileOptions {
@@ -93,6 +95,7 @@ struct ProfileOptions {
   size_t top_k = 25;
   size_t max_points = 2400;  // timeline points kept for the chart
   size_t max_events = 1u << 22;  // the trace's cap, to flag a truncated log
+  bool viz = true;   // keep the log as a PyTorch memory snapshot (MemoryProfile::viz)
 };
 
 // `start` is the trace snapshot taken when event logging was switched on (what was already live:
@@ -103,7 +106,8 @@ MemoryProfile analyze_memory(const std::vector<MemoryEvent>& events, const Memor
 nlohmann::json profile_to_json(const MemoryProfile& p);
 // One self-contained HTML page (inline SVG chart and tables, no scripts from the network).
 std::string profile_to_html(const MemoryProfile& p);
-// Writes DIR/memory.json and DIR/memory.html (creating DIR); returns the json path.
+// Writes DIR/memory.json, DIR/memory.html and, when the profile kept it, DIR/memory_snapshot.pickle
+// (PyTorch's snapshot format: memory_viz_export.h) (creating DIR); returns the json path.
 std::string write_memory_profile(const MemoryProfile& p, const std::string& dir);
 
 // A plain-text summary table (per tag peak and at-peak, phases, top allocations).
