@@ -13,7 +13,8 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __ex
 __device__ __forceinline__ float act(Activation k, float x) {
   switch (k) {
     case Activation::Silu: return x * sigmoidf_(x);
-    case Activation::GeluErf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    // erfc form: 0.5 (1 + erf(x / sqrt2)) cancels for x < -3.5, erfc(-x / sqrt2) does not.
+    case Activation::GeluErf: return 0.5f * x * erfcf(-x * 0.70710678118654752f);
     case Activation::GeluTanh: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     case Activation::Relu: return x > 0.0f ? x : 0.0f;
   }
@@ -27,7 +28,7 @@ __device__ __forceinline__ float act_grad(Activation k, float x) {
       return s * (1.0f + x * (1.0f - s));
     }
     case Activation::GeluErf:
-      return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.3989422804014327f * __expf(-0.5f * x * x);
+      return 0.5f * erfcf(-x * 0.70710678118654752f) + x * 0.3989422804014327f * __expf(-0.5f * x * x);
     case Activation::GeluTanh: {
       const float c = 0.7978845608028654f;
       float t = tanhf(c * (x + 0.044715f * x * x * x));

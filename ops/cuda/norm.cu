@@ -1,275 +1,222 @@
-// CUDA normalisation kernels (RMSNorm, fused residual add + RMSNorm, LayerNorm; forward and backward)
-// for the slots in kernels/norm.h. x [rows, C] contiguous, statistics [rows] f32.
+// CUDA normalisation forward kernels (RMSNorm, fused residual add + RMSNorm, LayerNorm) for the slots
+// in kernels/norm.h; the backward kernels are in norm_backward.cu. x [rows, C] contiguous, statistics
+// [rows] f32.
 //
-// One block per row (grid-stride over rows): pass 1 reduces the row's statistics (block reduction),
-// pass 2 re-reads the row (from L1/L2) and writes the output, 16-byte vectors when C is a multiple of
-// the vector width and every pointer is aligned. add_rms_norm rounds h = x + res to storage first and
-// normalises that rounded h, as the CPU reference does.
-//
-// Weight/bias gradients are deterministic: a fixed grid of G blocks (G depends only on rows), block b
-// owning rows b, b+G, ...; each thread adds its columns' terms into the block's own f32 partial row
-// [G, C] in global memory (no races), and a second kernel sums the G partials per column in order.
-#include <algorithm>
-
-#include "cuda/common.cuh"
+// Rows up to 16k bf16 / 8k f32 columns are held in registers across one block (row_tile.cuh): one
+// read of x (and of the residual), statistics from the registers (LayerNorm's variance two-pass,
+// exact), one write. Longer rows stream twice (the second pass from L1/L2). add_rms_norm rounds
+// h = x + res to storage first and normalises that rounded h, as the CPU reference does; the same
+// kernel with ADD = false is rms_norm, so the row statistics live in one place (rms_row_stat).
+#include "cuda/row_tile.cuh"
 #include "kernels/norm.h"
 
 namespace kestrel::cuda_ops {
 namespace {
 
-constexpr int kBlock = 256;
-
-int partial_blocks(int64_t rows) { return static_cast<int>(std::min<int64_t>(rows, 132 * 4)); }
-
-// ---- forward ----
-// mode 0: rms_norm; 1: add_rms_norm (x + res -> h); LN handled separately.
+// h = round(x + res) for V elements at column c of row r (x alone when !ADD), as f32.
 template <typename T, int V, bool ADD>
-__global__ void rms_forward_kernel(T* __restrict__ y, T* __restrict__ h, float* __restrict__ rstd,
-                                   const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
-                                   int64_t rows, int64_t C, float eps) {
+__device__ __forceinline__ void load_h(float (&v)[V], const T* xr, const T* rr, int64_t c) {
+  load_chunk<T, V>(xr + c, v);
+  if constexpr (ADD) {
+    float rv[V];
+    load_chunk<T, V>(rr + c, rv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = to_f32(from_f32<T>(v[j] + rv[j]));
+  }
+}
+
+// rstd = 1 / sqrt(mean(h^2) + eps) from the block's per-thread sums of squares (block-wide call).
+__device__ __forceinline__ float rms_row_stat(float sum_sq, int64_t C, float eps, float* scratch) {
+  return rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(C) + eps);
+}
+
+// ---- rms_norm / add_rms_norm: row in registers (CH chunks) or streaming (CH == 0) ----
+template <typename T, int V, int CH, bool ADD>
+__global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restrict__ y, T* __restrict__ h,
+                                                                    float* __restrict__ rstd,
+                                                                    const T* __restrict__ x,
+                                                                    const T* __restrict__ res,
+                                                                    const T* __restrict__ w, int64_t rows,
+                                                                    int64_t C, float eps) {
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * C;
+    const T* rr = ADD ? res + r * C : nullptr;
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float v[V];
-      load_chunk<T, V>(xr + c, v);
+    if constexpr (CH > 0) {
+      Pack<T, V> hv[CH];
+      load_row(hv, xr, C);
       if constexpr (ADD) {
-        float rv[V];
-        load_chunk<T, V>(res + r * C + c, rv);
+        Pack<T, V> rv[CH];
+        load_row(rv, rr, C);
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = to_f32(from_f32<T>(v[j] + rv[j]));
-        store_chunk<T, V>(h + r * C + c, v);
+        for (int k = 0; k < CH; ++k) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) hv[k].v[j] = from_f32<T>(to_f32(hv[k].v[j]) + to_f32(rv[k].v[j]));
+          if (chunk_col<V>(k) < C) store_pack(h + r * C + chunk_col<V>(k), hv[k]);
+        }
       }
 #pragma unroll
-      for (int j = 0; j < V; ++j) ss += v[j] * v[j];
-    }
-    float rs = rsqrtf(block_sum(ss, scratch) / static_cast<float>(C) + eps);
-    if (threadIdx.x == 0) rstd[r] = rs;
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float v[V], wv[V];
-      load_chunk<T, V>(xr + c, v);
-      if constexpr (ADD) {
-        float rv[V];
-        load_chunk<T, V>(res + r * C + c, rv);
+      for (int k = 0; k < CH; ++k)
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = to_f32(from_f32<T>(v[j] + rv[j]));
+        for (int j = 0; j < V; ++j) ss += to_f32(hv[k].v[j]) * to_f32(hv[k].v[j]);
+      float rs = rms_row_stat(ss, C, eps, scratch);
+      if (threadIdx.x == 0) rstd[r] = rs;
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        int64_t c = chunk_col<V>(k);
+        if (c >= C) continue;
+        float wv[V], o[V];
+        load_chunk<T, V>(w + c, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) o[j] = to_f32(hv[k].v[j]) * rs * wv[j];
+        store_chunk<T, V>(y + r * C + c, o);
       }
-      load_chunk<T, V>(w + c, wv);
+    } else {
+      for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
+        float v[V];
+        load_h<T, V, ADD>(v, xr, rr, c);
+        if constexpr (ADD) store_chunk<T, V>(h + r * C + c, v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = v[j] * rs * wv[j];
-      store_chunk<T, V>(y + r * C + c, v);
+        for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+      }
+      float rs = rms_row_stat(ss, C, eps, scratch);
+      if (threadIdx.x == 0) rstd[r] = rs;
+      for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
+        float v[V], wv[V];
+        load_h<T, V, ADD>(v, xr, rr, c);
+        load_chunk<T, V>(w + c, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = v[j] * rs * wv[j];
+        store_chunk<T, V>(y + r * C + c, v);
+      }
     }
   }
 }
 
-template <typename T, int V>
-__global__ void layer_forward_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
-                                     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                     int64_t rows, int64_t C, float eps) {
+// ---- layer_norm ----
+template <typename T, int V, int CH>
+__global__ __launch_bounds__(kRowMaxThreads) void layer_forward_kernel(T* __restrict__ y, float* __restrict__ mean,
+                                                                      float* __restrict__ rstd,
+                                                                      const T* __restrict__ x,
+                                                                      const T* __restrict__ w,
+                                                                      const T* __restrict__ b, int64_t rows,
+                                                                      int64_t C, float eps) {
   __shared__ float scratch[32];
+  const float inv_c = 1.0f / static_cast<float>(C);
+  auto write = [&](int64_t r, int64_t c, const float (&v)[V], float mu, float rs) {
+    float wv[V], bv[V], o[V];
+    if (w) load_chunk<T, V>(w + c, wv);
+    if (b) load_chunk<T, V>(b + c, bv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      o[j] = (v[j] - mu) * rs;
+      if (w) o[j] *= wv[j];
+      if (b) o[j] += bv[j];
+    }
+    store_chunk<T, V>(y + r * C + c, o);
+  };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * C;
-    float s = 0.0f;
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float v[V];
-      load_chunk<T, V>(xr + c, v);
+    float s = 0.0f, var = 0.0f, mu, rs;
+    if constexpr (CH > 0) {
+      Pack<T, V> xv[CH];
+      load_row(xv, xr, C);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s += v[j];
-    }
-    float mu = block_sum(s, scratch) / static_cast<float>(C);
-    float var = 0.0f;  // two-pass variance: no cancellation for large means
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float v[V];
-      load_chunk<T, V>(xr + c, v);
+      for (int k = 0; k < CH; ++k)
 #pragma unroll
-      for (int j = 0; j < V; ++j) var += (v[j] - mu) * (v[j] - mu);
+        for (int j = 0; j < V; ++j) s += to_f32(xv[k].v[j]);
+      mu = block_sum(s, scratch) * inv_c;
+#pragma unroll
+      for (int k = 0; k < CH; ++k)
+        if (chunk_col<V>(k) < C)
+#pragma unroll
+          for (int j = 0; j < V; ++j) var += (to_f32(xv[k].v[j]) - mu) * (to_f32(xv[k].v[j]) - mu);
+      rs = rsqrtf(block_sum(var, scratch) * inv_c + eps);
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        int64_t c = chunk_col<V>(k);
+        if (c >= C) continue;
+        float v[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = to_f32(xv[k].v[j]);
+        write(r, c, v, mu, rs);
+      }
+    } else {
+      for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
+        float v[V];
+        load_chunk<T, V>(xr + c, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += v[j];
+      }
+      mu = block_sum(s, scratch) * inv_c;
+      for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {  // two-pass variance
+        float v[V];
+        load_chunk<T, V>(xr + c, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) var += (v[j] - mu) * (v[j] - mu);
+      }
+      rs = rsqrtf(block_sum(var, scratch) * inv_c + eps);
+      for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
+        float v[V];
+        load_chunk<T, V>(xr + c, v);
+        write(r, c, v, mu, rs);
+      }
     }
-    float rs = rsqrtf(block_sum(var, scratch) / static_cast<float>(C) + eps);
     if (threadIdx.x == 0) {
       mean[r] = mu;
       rstd[r] = rs;
     }
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float v[V], wv[V], bv[V];
-      load_chunk<T, V>(xr + c, v);
-      if (w) load_chunk<T, V>(w + c, wv);
-      if (b) load_chunk<T, V>(b + c, bv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float o = (v[j] - mu) * rs;
-        if (w) o *= wv[j];
-        if (b) o += bv[j];
-        v[j] = o;
-      }
-      store_chunk<T, V>(y + r * C + c, v);
-    }
   }
 }
 
-// ---- backward ----
-// rms: dx = rs * (g - xhat * mean(g * xhat)), g = dy*w; partial_w[b, c] += dy * xhat.
-// layer: dx = rs * (g - mean(g) - xhat * mean(g * xhat)); partial_w += dy*xhat, partial_b += dy.
-template <typename T, int V, bool LAYER>
-__global__ void norm_backward_kernel(T* __restrict__ dx, float* __restrict__ pw, float* __restrict__ pb,
-                                     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                     const float* __restrict__ mean, const float* __restrict__ rstd, int64_t rows,
-                                     int64_t C) {
-  __shared__ float scratch[32];
-  float* my_pw = pw ? pw + blockIdx.x * C : nullptr;
-  float* my_pb = pb ? pb + blockIdx.x * C : nullptr;
-  bool first = true;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    float rs = rstd[r], mu = LAYER ? mean[r] : 0.0f;
-    const T *xr = x + r * C, *gr = dy + r * C;
-    float dot = 0.0f, gsum = 0.0f;
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float xv[V], gv[V], wv[V];
-      load_chunk<T, V>(xr + c, xv);
-      load_chunk<T, V>(gr + c, gv);
-      if (w) load_chunk<T, V>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float xhat = (xv[j] - mu) * rs, g = w ? gv[j] * wv[j] : gv[j];
-        dot += g * xhat;
-        gsum += g;
-        if (my_pw) my_pw[c + j] = (first ? 0.0f : my_pw[c + j]) + gv[j] * xhat;
-        if (my_pb) my_pb[c + j] = (first ? 0.0f : my_pb[c + j]) + gv[j];
-      }
-    }
-    float mdot = block_sum(dot, scratch) / static_cast<float>(C);
-    float mg = LAYER ? block_sum(gsum, scratch) / static_cast<float>(C) : 0.0f;
-    for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
-      float xv[V], gv[V], wv[V], o[V];
-      load_chunk<T, V>(xr + c, xv);
-      load_chunk<T, V>(gr + c, gv);
-      if (w) load_chunk<T, V>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float xhat = (xv[j] - mu) * rs, g = w ? gv[j] * wv[j] : gv[j];
-        o[j] = rs * (g - mg - xhat * mdot);
-      }
-      store_chunk<T, V>(dx + r * C + c, o);
-    }
-    first = false;
-  }
-}
+const void* opt_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// out[c] = sum_b partial[b, c], b in order.
-template <typename T>
-__global__ void column_sum_kernel(T* __restrict__ out, const float* __restrict__ partial, int G, int64_t C) {
-  int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.0f;
-  for (int b = 0; b < G; ++b) s += partial[b * C + c];
-  out[c] = from_f32<T>(s);
-}
-
-bool vec_ok(int64_t C, int n, std::initializer_list<const Tensor*> ts) {
-  if (C % n != 0) return false;
-  for (const Tensor* t : ts)
-    if (t->defined() && !aligned16(t->data_ptr())) return false;
-  return true;
-}
-
-// Calls f(T{}, std::integral_constant<int, V>{}) with V the vector width when usable, else 1.
-template <typename F>
-void dispatch_vec(DType dt, const char* op, int64_t C, std::initializer_list<const Tensor*> ts, F&& f) {
-  dispatch_cuda_float(dt, op, [&](auto tag) {
-    using T = decltype(tag);
-    if (vec_ok(C, Vec<T>::N, ts))
-      f(tag, std::integral_constant<int, Vec<T>::N>{});
-    else
-      f(tag, std::integral_constant<int, 1>{});
-  });
-}
-
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 16)); }
-
-void rms_norm_cuda(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+template <bool ADD>
+void rms_forward(const char* op, const Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& x,
+                 const Tensor& res, const Tensor& w, double eps) {
   int64_t rows = x.shape()[0], C = x.shape()[1];
   cudaStream_t s = cuda::current_stream();
-  dispatch_vec(x.dtype(), "rms_norm", C, {&y, &x, &w}, [&](auto tag, auto v) {
-    using T = decltype(tag);
-    rms_forward_kernel<T, decltype(v)::value, false><<<row_grid(rows), kBlock, 0, s>>>(
-        ptr<T>(y), nullptr, ptr<float>(rstd), ptr<const T>(x), nullptr, ptr<const T>(w), rows, C,
-        static_cast<float>(eps));
-  });
+  dispatch_rows(x.dtype(), op, C, {y.data_ptr(), opt_ptr(h), x.data_ptr(), opt_ptr(res), w.data_ptr()},
+                [&](auto tag, auto v, auto ch, RowLaunch L) {
+                  using T = decltype(tag);
+                  auto* k = rms_forward_kernel<T, decltype(v)::value, decltype(ch)::value, ADD>;
+                  k<<<resident_grid(k, L.threads, rows), L.threads, 0, s>>>(
+                      ptr<T>(y), ADD ? ptr<T>(h) : nullptr, ptr<float>(rstd), ptr<const T>(x),
+                      ADD ? ptr<const T>(res) : nullptr, ptr<const T>(w), rows, C, static_cast<float>(eps));
+                });
   KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_cuda(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+  rms_forward<false>("rms_norm", y, Tensor(), rstd, x, Tensor(), w, eps);
 }
 
 void add_rms_norm_cuda(const Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& x, const Tensor& res,
                        const Tensor& w, double eps) {
-  int64_t rows = x.shape()[0], C = x.shape()[1];
-  cudaStream_t s = cuda::current_stream();
-  dispatch_vec(x.dtype(), "add_rms_norm", C, {&y, &h, &x, &res, &w}, [&](auto tag, auto v) {
-    using T = decltype(tag);
-    rms_forward_kernel<T, decltype(v)::value, true><<<row_grid(rows), kBlock, 0, s>>>(
-        ptr<T>(y), ptr<T>(h), ptr<float>(rstd), ptr<const T>(x), ptr<const T>(res), ptr<const T>(w), rows, C,
-        static_cast<float>(eps));
-  });
-  KESTREL_CUDA_CHECK_LAUNCH();
+  rms_forward<true>("add_rms_norm", y, h, rstd, x, res, w, eps);
 }
 
 void layer_norm_cuda(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
                      const Tensor& b, double eps) {
   int64_t rows = x.shape()[0], C = x.shape()[1];
   cudaStream_t s = cuda::current_stream();
-  dispatch_vec(x.dtype(), "layer_norm", C, {&y, &x, &w, &b}, [&](auto tag, auto v) {
-    using T = decltype(tag);
-    layer_forward_kernel<T, decltype(v)::value><<<row_grid(rows), kBlock, 0, s>>>(
-        ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<const T>(x), w.defined() ? ptr<const T>(w) : nullptr,
-        b.defined() ? ptr<const T>(b) : nullptr, rows, C, static_cast<float>(eps));
-  });
+  dispatch_rows(x.dtype(), "layer_norm", C, {y.data_ptr(), x.data_ptr(), opt_ptr(w), opt_ptr(b)},
+                [&](auto tag, auto v, auto ch, RowLaunch L) {
+                  using T = decltype(tag);
+                  auto* k = layer_forward_kernel<T, decltype(v)::value, decltype(ch)::value>;
+                  k<<<resident_grid(k, L.threads, rows), L.threads, 0, s>>>(
+                      ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<const T>(x),
+                      w.defined() ? ptr<const T>(w) : nullptr, b.defined() ? ptr<const T>(b) : nullptr, rows, C,
+                      static_cast<float>(eps));
+                });
   KESTREL_CUDA_CHECK_LAUNCH();
-}
-
-template <bool LAYER>
-void norm_backward(const char* op, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  int64_t rows = x.shape()[0], C = x.shape()[1];
-  if (rows == 0 || C == 0) {
-    if (dw.defined()) Tensor(dw).zero_();
-    if (db.defined()) Tensor(db).zero_();
-    return;
-  }
-  cudaStream_t s = cuda::current_stream();
-  int G = partial_blocks(rows);
-  Tensor pw, pb;  // [G, C] f32 partial column sums
-  {
-    TagScope ws(MemoryTag::Workspace);
-    if (dw.defined()) pw = Tensor::empty({G, C}, DType::F32, x.device());
-    if (db.defined()) pb = Tensor::empty({G, C}, DType::F32, x.device());
-  }
-  dispatch_vec(x.dtype(), op, C, {&dx, &dy, &x, &w}, [&](auto tag, auto v) {
-    using T = decltype(tag);
-    norm_backward_kernel<T, decltype(v)::value, LAYER><<<G, kBlock, 0, s>>>(
-        ptr<T>(dx), pw.defined() ? ptr<float>(pw) : nullptr, pb.defined() ? ptr<float>(pb) : nullptr,
-        ptr<const T>(dy), ptr<const T>(x), w.defined() ? ptr<const T>(w) : nullptr,
-        LAYER ? ptr<const float>(mean) : nullptr, ptr<const float>(rstd), rows, C);
-    KESTREL_CUDA_CHECK_LAUNCH();
-    unsigned cg = static_cast<unsigned>(ceil_div(C, kBlock));
-    if (dw.defined()) column_sum_kernel<T><<<cg, kBlock, 0, s>>>(ptr<T>(dw), ptr<const float>(pw), G, C);
-    if (db.defined()) column_sum_kernel<T><<<cg, kBlock, 0, s>>>(ptr<T>(db), ptr<const float>(pb), G, C);
-  });
-  KESTREL_CUDA_CHECK_LAUNCH();
-}
-
-void rms_norm_backward_cuda(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                            const Tensor& rstd) {
-  norm_backward<false>("rms_norm", dx, dw, Tensor(), dy, x, w, Tensor(), rstd);
-}
-void layer_norm_backward_cuda(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                              const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  norm_backward<true>("layer_norm", dx, dw, db, dy, x, w, mean, rstd);
 }
 
 }  // namespace
 
 KESTREL_REGISTER_KERNEL(rms_norm_forward, cuda, rms_norm_cuda);
 KESTREL_REGISTER_KERNEL(add_rms_norm_forward, cuda, add_rms_norm_cuda);
-KESTREL_REGISTER_KERNEL(rms_norm_backward, cuda, rms_norm_backward_cuda);
 KESTREL_REGISTER_KERNEL(layer_norm_forward, cuda, layer_norm_cuda);
-KESTREL_REGISTER_KERNEL(layer_norm_backward, cuda, layer_norm_backward_cuda);
 
 }  // namespace kestrel::cuda_ops

@@ -6,7 +6,8 @@
 // the f32 master weights, moments and the stochastically rounded bf16/f16 copy (Philox word i of
 // seed, offset 0) match the CPU bit for bit. sum_squares: per-block f64 partials, then one block adds
 // them in a fixed order (deterministic); the slot returns a host double, so that read is the one
-// synchronisation point.
+// synchronisation point. clip_by_global_norm keeps the norm and the clip factor on the device (the
+// scale kernel reads the factor), so clip_grad_norm_device never synchronises.
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -174,14 +175,42 @@ __global__ void sum_squares_kernel(PlainList L, double* partial) {
   }
 }
 
-// out[0] = sum of partial[0..n) in order (one thread: n is small, a few thousand at most).
-__global__ void ordered_sum_kernel(const double* partial, int64_t n, double* out) {
+constexpr int kSumThreads = 1024;
+
+// Sum of partial[0..n) in a fixed order (thread t adds a contiguous segment, then a fixed tree):
+// the same bits on every run. Writes the sum to sum_out, or, when norm_out is set, the norm as f32
+// and the clip factor min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0 or the norm is not
+// finite) to coef_out, both computed exactly as the host path computes them.
+__global__ __launch_bounds__(kSumThreads) void ordered_sum_kernel(const double* partial, int64_t n, double* sum_out,
+                                                                  float* norm_out, double* coef_out,
+                                                                  double max_norm) {
+  __shared__ double sm[kSumThreads];
+  int64_t seg = (n + kSumThreads - 1) / kSumThreads, lo = threadIdx.x * seg;
   double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += partial[i];
-  *out = s;
+  for (int64_t i = lo; i < n && i < lo + seg; ++i) s += partial[i];
+  sm[threadIdx.x] = s;
+  __syncthreads();
+  for (int h = kSumThreads / 2; h > 0; h >>= 1) {
+    if (static_cast<int>(threadIdx.x) < h) sm[threadIdx.x] += sm[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  if (sum_out) *sum_out = sm[0];
+  if (norm_out) {
+    double norm = sqrt(sm[0]), c = 1.0;
+    if (max_norm > 0 && isfinite(norm)) {
+      double k = max_norm / (norm + 1e-6);
+      if (k < 1.0) c = k;
+    }
+    *norm_out = static_cast<float>(norm);
+    *coef_out = c;
+  }
 }
 
-__global__ void scale_kernel(PlainList L, double s) {
+// x *= s, with s from the host (coef == nullptr) or read from the device (skipped when it is 1).
+__global__ void scale_kernel(PlainList L, double s, const double* coef) {
+  if (coef) s = *coef;
+  if (s == 1.0) return;
   int t = find_tensor(L.block_start, L.count);
   int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
   for (int64_t i = base + threadIdx.x; i < L.n[t] && i < base + kChunk; i += blockDim.x)
@@ -212,16 +241,16 @@ void for_batches(const std::vector<Tensor>& tensors, const char* op, F&& f) {
   }
 }
 
-double sum_squares_cuda(const std::vector<Tensor>& tensors) {
+// Enqueues the f64 sum of squares of every tensor into result[0] (result[1] a spare f64 slot for
+// the clip factor). Returns false when there is nothing to sum.
+bool enqueue_sum_squares(const std::vector<Tensor>& tensors, double* result, float* norm_out, double max_norm,
+                         Tensor& partial) {
   int64_t total_blocks = 0;
   for (const Tensor& t : tensors) total_blocks += ceil_div(t.numel(), kChunk);
-  if (total_blocks == 0) return 0.0;
-  Device dev = tensors.front().device();
-  Tensor partial, out;
+  if (total_blocks == 0) return false;
   {
     TagScope tag(MemoryTag::Workspace);
-    partial = Tensor::empty({total_blocks}, DType::I64, dev);  // f64 partials (8-byte slots)
-    out = Tensor::empty({1}, DType::I64, dev);                  // f64 total
+    partial = Tensor::empty({total_blocks}, DType::I64, tensors.front().device());  // f64 partials (8-byte slots)
   }
   double* pp = static_cast<double*>(partial.data_ptr());
   cudaStream_t s = cuda::current_stream();
@@ -231,9 +260,23 @@ double sum_squares_cuda(const std::vector<Tensor>& tensors) {
     KESTREL_CUDA_CHECK_LAUNCH();
     offset += blocks;
   });
-  double* po = static_cast<double*>(out.data_ptr());
-  ordered_sum_kernel<<<1, 1, 0, s>>>(pp, offset, po);
+  ordered_sum_kernel<<<1, kSumThreads, 0, s>>>(pp, offset, norm_out ? nullptr : result, norm_out,
+                                               norm_out ? result + 1 : nullptr, max_norm);
   KESTREL_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+Tensor device_scalars(Device dev) {
+  TagScope tag(MemoryTag::Workspace);
+  return Tensor::empty({2}, DType::I64, dev);  // two f64 slots
+}
+
+double sum_squares_cuda(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return 0.0;
+  Tensor out = device_scalars(tensors.front().device()), partial;
+  double* po = static_cast<double*>(out.data_ptr());
+  if (!enqueue_sum_squares(tensors, po, nullptr, 0.0, partial)) return 0.0;
+  cudaStream_t s = cuda::current_stream();
   double host = 0;
   KESTREL_CUDA_CHECK(cudaMemcpyAsync(&host, po, sizeof(double), cudaMemcpyDeviceToHost, s));
   KESTREL_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -243,7 +286,24 @@ double sum_squares_cuda(const std::vector<Tensor>& tensors) {
 void scale_in_place_cuda(const std::vector<Tensor>& tensors, double sc) {
   cudaStream_t s = cuda::current_stream();
   for_batches(tensors, "clip_grad_norm", [&](const PlainList& L, int blocks) {
-    scale_kernel<<<blocks, kBlock, 0, s>>>(L, sc);
+    scale_kernel<<<blocks, kBlock, 0, s>>>(L, sc, nullptr);
+    KESTREL_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// Norm into `norm` ([] f32) and the clip factor into a device slot read by the scale kernel: no sync.
+void clip_by_global_norm_cuda(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm) {
+  KESTREL_CHECK(norm.dtype() == DType::F32 && norm.numel() == 1, "clip_grad_norm_device", "norm must be one f32");
+  cudaStream_t s = cuda::current_stream();
+  Tensor scalars = device_scalars(norm.device()), partial;
+  double* ps = static_cast<double*>(scalars.data_ptr());
+  if (!enqueue_sum_squares(tensors, ps, ptr<float>(norm), max_norm, partial)) {
+    KESTREL_CUDA_CHECK(cudaMemsetAsync(norm.data_ptr(), 0, sizeof(float), s));
+    return;
+  }
+  if (max_norm <= 0) return;
+  for_batches(tensors, "clip_grad_norm_device", [&](const PlainList& L, int blocks) {
+    scale_kernel<<<blocks, kBlock, 0, s>>>(L, 1.0, ps + 1);
     KESTREL_CUDA_CHECK_LAUNCH();
   });
 }
@@ -253,5 +313,6 @@ void scale_in_place_cuda(const std::vector<Tensor>& tensors, double sc) {
 KESTREL_REGISTER_KERNEL(adamw, cuda, adamw_cuda);
 KESTREL_REGISTER_KERNEL(sum_squares, cuda, sum_squares_cuda);
 KESTREL_REGISTER_KERNEL(scale_in_place, cuda, scale_in_place_cuda);
+KESTREL_REGISTER_KERNEL(clip_by_global_norm, cuda, clip_by_global_norm_cuda);
 
 }  // namespace kestrel::cuda_ops

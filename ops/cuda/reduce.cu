@@ -4,9 +4,12 @@
 // Two shapes of work, chosen by whether x's unit-stride dim is reduced:
 // - inner reduction (e.g. sum over the last dim): one block per output, the block strides over the
 //   reduced elements (coalesced when the innermost reduced dim is unit-stride) and tree-reduces;
-// - outer reduction (e.g. a bias gradient [rows, N] -> [N]): a 32 x 16 block covers 32 adjacent
-//   outputs (coalesced across threadIdx.x) and splits the reduction over 16 rows of threads, then
-//   combines the 16 partials in shared memory in a fixed order.
+// - column reduction (e.g. a bias gradient [rows, N] -> [N], x's kept dims one unit-stride run after
+//   coalescing and the reduced dims one strided run): the slab x strip kernel of column_sum.h;
+// - other outer reductions: a 32 x 16 block covers 32 adjacent outputs (coalesced across
+//   threadIdx.x) and splits the reduction over 16 rows of threads, then combines the 16 partials in
+//   shared memory in a fixed order.
+#include "cuda/column_sum.h"
 #include "cuda/common.cuh"
 #include "kernels/reduce.h"
 
@@ -87,6 +90,10 @@ void sum_cuda(const Tensor& out, const Tensor& x) {
   auto indexer = [](const Shape& shape, const Strides& strides) { return make_indexer<1>(shape, {&strides}, "sum"); };
   SumPlan p{indexer(kept_shape, kept_stride), indexer(red_shape, red_stride), numel(kept_shape), numel(red_shape)};
   cudaStream_t s = cuda::current_stream();
+  if (!inner && p.kept.rank == 1 && p.kept.strides[0][0] == 1 && p.red.rank == 1 && p.red.strides[0][0] >= p.nout) {
+    column_sum(out.data_ptr(), out.dtype(), x.data_ptr(), x.dtype(), p.nred, p.nout, p.red.strides[0][0], x.device(), s);
+    return;
+  }
   dispatch_cuda_float(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
     if (inner || p.nout < 4096) {

@@ -1,14 +1,15 @@
 // CUDA softmax family (softmax / log_softmax forward and backward, logsumexp, amax with its backward)
 // for the slots in kernels/softmax.h. The reduced dim is addressed as [outer, n, inner] (contiguous).
 //
-// inner == 1 (the last dim, the common case): one block per row; pass 1 keeps an online (max,
-// sum-exp) pair per thread and merges the pairs across the block, pass 2 re-reads the row (L1/L2)
-// and writes; 16-byte vector accesses when n is a multiple of the width and pointers are aligned.
+// inner == 1 (the last dim, the common case): one block per row (grid-stride, one resident wave);
+// rows up to 16k bf16 / 8k f32 are held in registers (row_tile.cuh), read once: block max, block sum
+// of exp, write. Longer rows: an online (max, sum-exp) pass merged across the block, then a second
+// pass from L1/L2. 16-byte vector accesses when n is a multiple of the width and pointers are aligned.
 // inner > 1: one thread per (outer, inner) column walking n with stride inner (coalesced over inner).
 // f32 math; a row that is all -inf gives NaN softmax, as the CPU reference does.
 #include <algorithm>
 
-#include "cuda/common.cuh"
+#include "cuda/row_tile.cuh"
 #include "kernels/softmax.h"
 
 namespace kestrel::cuda_ops {
@@ -48,29 +49,71 @@ __device__ __forceinline__ MaxSum block_merge(MaxSum v, float* sm, float* ss) {
 }
 
 // MODE 0: softmax, 1: log_softmax, 2: logsumexp (one value per row into out[r]).
-template <typename T, int V, int MODE>
-__global__ void softmax_row_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows, int64_t n) {
+// CH > 0: the row is held in registers (row_tile.cuh): max, then sum of exp, then the output, from
+// one read. CH == 0 (long rows): an online (max, sum-exp) pass, then a second pass from L1/L2.
+template <typename T, int V, int CH, int MODE>
+__global__ __launch_bounds__(kRowMaxThreads) void softmax_row_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                                                    int64_t rows, int64_t n) {
   __shared__ float sm[32], ss[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
-    MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
-      float v[V];
-      load_chunk<T, V>(xr + c, v);
+    MaxSum t;
+    if constexpr (CH > 0) {
+      Pack<T, V> xv[CH];
+      load_row(xv, xr, n);
+      float m = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc = merge(acc, MaxSum{v[j], 1.0f});
-    }
-    MaxSum t = block_merge(acc, sm, ss);
-    if constexpr (MODE == 2) {
-      if (threadIdx.x == 0) out[r] = from_f32<T>(t.m + logf(t.s));
+      for (int k = 0; k < CH; ++k)
+        if (chunk_col<V>(k) < n)
+#pragma unroll
+          for (int j = 0; j < V; ++j) m = fmaxf(m, to_f32(xv[k].v[j]));
+      m = block_max(m, sm);
+      float e = 0.0f;
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < CH; ++k)
+          if (chunk_col<V>(k) < n)
+#pragma unroll
+            for (int j = 0; j < V; ++j) e += __expf(to_f32(xv[k].v[j]) - m);
+      }
+      t = {m, block_sum(e, ss)};
+      if constexpr (MODE == 2) {
+        if (threadIdx.x == 0) out[r] = from_f32<T>(t.m + logf(t.s));
+      } else {
+        float inv = 1.0f / t.s, lse = t.m + logf(t.s);
+#pragma unroll
+        for (int k = 0; k < CH; ++k) {
+          int64_t c = chunk_col<V>(k);
+          if (c >= n) continue;
+          float v[V];
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            float xj = to_f32(xv[k].v[j]);
+            v[j] = MODE == 0 ? __expf(xj - t.m) * inv : xj - lse;
+          }
+          store_chunk<T, V>(out + r * n + c, v);
+        }
+      }
     } else {
-      float inv = 1.0f / t.s, lse = t.m + logf(t.s);
+      MaxSum acc{-INFINITY, 0.0f};
       for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
         float v[V];
         load_chunk<T, V>(xr + c, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = MODE == 0 ? __expf(v[j] - t.m) * inv : v[j] - lse;
-        store_chunk<T, V>(out + r * n + c, v);
+        for (int j = 0; j < V; ++j) acc = merge(acc, MaxSum{v[j], 1.0f});
+      }
+      t = block_merge(acc, sm, ss);
+      if constexpr (MODE == 2) {
+        if (threadIdx.x == 0) out[r] = from_f32<T>(t.m + logf(t.s));
+      } else {
+        float inv = 1.0f / t.s, lse = t.m + logf(t.s);
+        for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
+          float v[V];
+          load_chunk<T, V>(xr + c, v);
+#pragma unroll
+          for (int j = 0; j < V; ++j) v[j] = MODE == 0 ? __expf(v[j] - t.m) * inv : v[j] - lse;
+          store_chunk<T, V>(out + r * n + c, v);
+        }
       }
     }
   }
@@ -96,29 +139,54 @@ __global__ void softmax_col_kernel(T* __restrict__ out, const T* __restrict__ x,
   }
 }
 
-// dx = y * (dy - sum(dy * y))  or (LOG) dx = dy - exp(y) * sum(dy).
-template <typename T, int V, bool LOG>
-__global__ void softmax_backward_row_kernel(T* __restrict__ dx, const T* __restrict__ y, const T* __restrict__ dy,
-                                            int64_t rows, int64_t n) {
+// dx = y * (dy - sum(dy * y))  or (LOG) dx = dy - exp(y) * sum(dy). CH as in softmax_row_kernel.
+template <typename T, int V, int CH, bool LOG>
+__global__ __launch_bounds__(kRowMaxThreads) void softmax_backward_row_kernel(T* __restrict__ dx,
+                                                                             const T* __restrict__ y,
+                                                                             const T* __restrict__ dy, int64_t rows,
+                                                                             int64_t n) {
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *yr = y + r * n, *gr = dy + r * n;
     float dot = 0.0f;
-    for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
-      float yv[V], gv[V];
-      load_chunk<T, V>(yr + c, yv);
-      load_chunk<T, V>(gr + c, gv);
+    if constexpr (CH > 0) {
+      Pack<T, V> yv[CH], gv[CH];
+      load_row(yv, yr, n);  // chunks past n are zero: they add nothing to the dot product
+      load_row(gv, gr, n);
 #pragma unroll
-      for (int j = 0; j < V; ++j) dot += LOG ? gv[j] : gv[j] * yv[j];
-    }
-    dot = block_sum(dot, scratch);
-    for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
-      float yv[V], gv[V];
-      load_chunk<T, V>(yr + c, yv);
-      load_chunk<T, V>(gr + c, gv);
+      for (int k = 0; k < CH; ++k)
 #pragma unroll
-      for (int j = 0; j < V; ++j) gv[j] = LOG ? gv[j] - __expf(yv[j]) * dot : yv[j] * (gv[j] - dot);
-      store_chunk<T, V>(dx + r * n + c, gv);
+        for (int j = 0; j < V; ++j) dot += LOG ? to_f32(gv[k].v[j]) : to_f32(gv[k].v[j]) * to_f32(yv[k].v[j]);
+      dot = block_sum(dot, scratch);
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        int64_t c = chunk_col<V>(k);
+        if (c >= n) continue;
+        float o[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          float yj = to_f32(yv[k].v[j]), g = to_f32(gv[k].v[j]);
+          o[j] = LOG ? g - __expf(yj) * dot : yj * (g - dot);
+        }
+        store_chunk<T, V>(dx + r * n + c, o);
+      }
+    } else {
+      for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
+        float yv[V], gv[V];
+        load_chunk<T, V>(yr + c, yv);
+        load_chunk<T, V>(gr + c, gv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) dot += LOG ? gv[j] : gv[j] * yv[j];
+      }
+      dot = block_sum(dot, scratch);
+      for (int64_t c = threadIdx.x * V; c < n; c += blockDim.x * V) {
+        float yv[V], gv[V];
+        load_chunk<T, V>(yr + c, yv);
+        load_chunk<T, V>(gr + c, gv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) gv[j] = LOG ? gv[j] - __expf(yv[j]) * dot : yv[j] * (gv[j] - dot);
+        store_chunk<T, V>(dx + r * n + c, gv);
+      }
     }
   }
 }
@@ -175,29 +243,14 @@ __global__ void amax_backward_kernel(T* __restrict__ dx, const T* __restrict__ d
   }
 }
 
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 16)); }
-
-template <typename F>
-void dispatch_row_vec(DType dt, const char* op, int64_t n, std::initializer_list<const Tensor*> ts, F&& f) {
-  dispatch_cuda_float(dt, op, [&](auto tag) {
-    using T = decltype(tag);
-    bool ok = n % Vec<T>::N == 0;
-    for (const Tensor* t : ts) ok = ok && aligned16(t->data_ptr());
-    if (ok)
-      f(tag, std::integral_constant<int, Vec<T>::N>{});
-    else
-      f(tag, std::integral_constant<int, 1>{});
-  });
-}
-
 template <int MODE>
 void softmax_like(const char* op, const Tensor& out, const Tensor& x, ReduceDim r) {
   cudaStream_t s = cuda::current_stream();
   if (r.inner == 1) {
-    dispatch_row_vec(x.dtype(), op, r.n, {&out, &x}, [&](auto tag, auto v) {
+    dispatch_rows(x.dtype(), op, r.n, {out.data_ptr(), x.data_ptr()}, [&](auto tag, auto v, auto ch, RowLaunch L) {
       using T = decltype(tag);
-      softmax_row_kernel<T, decltype(v)::value, MODE>
-          <<<row_grid(r.outer), kBlock, 0, s>>>(ptr<T>(out), ptr<const T>(x), r.outer, r.n);
+      auto* k = softmax_row_kernel<T, decltype(v)::value, decltype(ch)::value, MODE>;
+      k<<<resident_grid(k, L.threads, r.outer), L.threads, 0, s>>>(ptr<T>(out), ptr<const T>(x), r.outer, r.n);
     });
   } else {
     dispatch_cuda_float(x.dtype(), op, [&](auto tag) {
@@ -224,16 +277,14 @@ void softmax_backward_cuda(const Tensor& dx, const Tensor& y, const Tensor& dy, 
   KESTREL_CHECK(dy.is_contiguous() && y.is_contiguous() && dy.dtype() == y.dtype(), op,
                 "backward expects contiguous y and dy of one dtype");
   if (r.inner == 1) {
-    dispatch_row_vec(y.dtype(), op, r.n, {&dx, &y, &dy}, [&](auto tag, auto v) {
-      using T = decltype(tag);
-      constexpr int V = decltype(v)::value;
-      if (log)
-        softmax_backward_row_kernel<T, V, true>
-            <<<row_grid(r.outer), kBlock, 0, s>>>(ptr<T>(dx), ptr<const T>(y), ptr<const T>(dy), r.outer, r.n);
-      else
-        softmax_backward_row_kernel<T, V, false>
-            <<<row_grid(r.outer), kBlock, 0, s>>>(ptr<T>(dx), ptr<const T>(y), ptr<const T>(dy), r.outer, r.n);
-    });
+    dispatch_rows(y.dtype(), op, r.n, {dx.data_ptr(), y.data_ptr(), dy.data_ptr()},
+                  [&](auto tag, auto v, auto ch, RowLaunch L) {
+                    using T = decltype(tag);
+                    constexpr int V = decltype(v)::value, CH = decltype(ch)::value;
+                    auto* k = log ? softmax_backward_row_kernel<T, V, CH, true> : softmax_backward_row_kernel<T, V, CH, false>;
+                    k<<<resident_grid(k, L.threads, r.outer), L.threads, 0, s>>>(ptr<T>(dx), ptr<const T>(y),
+                                                                                ptr<const T>(dy), r.outer, r.n);
+                  });
   } else {
     dispatch_cuda_float(y.dtype(), op, [&](auto tag) {
       using T = decltype(tag);

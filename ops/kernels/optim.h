@@ -32,7 +32,13 @@ using SumSquaresFn = double(const std::vector<Tensor>& tensors);
 // x *= s for every tensor, in place.
 using ScaleInPlaceFn = void(const std::vector<Tensor>& tensors, double s);
 
+// Global-norm clipping without a host round trip: norm ([] f32, on the tensors' device) = sqrt of
+// the sum of squares (f64 accumulation); when max_norm > 0 and the norm is finite, every tensor is
+// scaled in place by min(1, max_norm / (norm + 1e-6)), the factor computed and read on the device.
+using ClipByGlobalNormFn = void(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
+
 inline KernelSlot<AdamWFn> adamw;
+inline KernelSlot<ClipByGlobalNormFn> clip_by_global_norm;
 inline KernelSlot<SumSquaresFn> sum_squares;
 inline KernelSlot<ScaleInPlaceFn> scale_in_place;
 

@@ -85,4 +85,21 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
   return norm;
 }
 
+Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm) {
+  auto groups = by_device(grads, "clip_grad_norm_device");
+  KESTREL_CHECK(groups.size() <= 1, "clip_grad_norm_device", "gradients on ", groups.size(),
+                " devices; the device-side norm needs one (use clip_grad_norm)");
+  if (groups.empty()) return Tensor::zeros({}, DType::F32, Device::cpu());
+  const auto& [device, ts] = groups.front();
+  if (device.is_cpu()) {  // no synchronisation to avoid: the host path, its norm as a tensor
+    double norm = clip_grad_norm(ts, max_norm);
+    return Tensor::full({}, norm, DType::F32, device);
+  }
+  Tensor norm = Tensor::empty({}, DType::F32, device);
+  kernels::dispatch(kernels::clip_by_global_norm, "clip_grad_norm_device", device, ts, norm, max_norm);
+  return norm;
+}
+
+Tensor global_grad_norm_device(const std::vector<Tensor>& grads) { return clip_grad_norm_device(grads, 0.0); }
+
 }  // namespace kestrel

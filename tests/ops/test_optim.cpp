@@ -202,5 +202,19 @@ TEST(ClipGradNorm, NonFiniteNormLeavesGradientsUntouched) {
     if (std::isfinite(before[i])) EXPECT_EQ(after[i], before[i]);
 }
 
+// The device-side API on the CPU: the host path, its norm returned as a [] f32 tensor.
+TEST(ClipGradNorm, DeviceApiOnCpuMatchesHostPath) {
+  std::vector<Tensor> a = {randn({301}), randn({7, 5}).to(DType::BF16)}, b = {a[0].clone(), a[1].clone()};
+  double want = clip_grad_norm(a, 0.25);
+  Tensor got = clip_grad_norm_device(b, 0.25);
+  EXPECT_EQ(got.dtype(), DType::F32);
+  EXPECT_EQ(got.dim(), 0);
+  EXPECT_EQ(got.item(), static_cast<double>(static_cast<float>(want)));
+  EXPECT_EQ(host_f64(a[0]), host_f64(b[0]));
+  EXPECT_EQ(host_f64(a[1]), host_f64(b[1]));
+  EXPECT_NEAR(global_grad_norm_device(b).item(), 0.25, 2e-3);  // bf16 re-rounding after scaling
+  EXPECT_EQ(clip_grad_norm_device({}, 1.0).item(), 0.0);
+}
+
 }  // namespace
 }  // namespace kestrel

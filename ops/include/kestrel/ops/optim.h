@@ -28,4 +28,11 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
 double global_grad_norm(const std::vector<Tensor>& grads);
 
+// The same without a host synchronisation: the norm comes back as a [] f32 tensor on the gradients'
+// device (the clip factor is computed and applied on the device), so a training step can read it
+// only when it logs. Scaling is bitwise identical to clip_grad_norm. Every gradient must be on one
+// device; an empty list gives a CPU zero.
+Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm);
+Tensor global_grad_norm_device(const std::vector<Tensor>& grads);
+
 }  // namespace kestrel

@@ -1,0 +1,140 @@
+// GPU-vs-CPU parity for the row and column kernels: the column reduction (sum over rows, strided and
+// offset operands, one and many slabs), RMSNorm / add + RMSNorm / LayerNorm forward and backward and
+// the softmax family, at sizes that reach every code path (row in registers with 2 or 4 chunks, 16-byte
+// vectors or scalars for C not a multiple of the vector width, the streaming fallback for long rows,
+// rows not a multiple of the grid); the GELU far negative tail; device-side gradient clipping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kestrel/ops/activation.h"
+#include "kestrel/ops/norm.h"
+#include "kestrel/ops/optim.h"
+#include "kestrel/ops/shape.h"
+#include "kestrel/ops/softmax.h"
+#include "ops/cuda/parity.h"
+#include "support/gpu.h"
+
+namespace kestrel {
+namespace {
+using testing::ParityCase;
+using testing::run_parity;
+using V = std::vector<Tensor>;
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  Tensor h = t.to(Device::cpu()).contiguous();
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+TEST(CudaRowKernels, ColumnSum) {
+  KESTREL_REQUIRE_GPU();
+  auto rows_sum = [](const V& t) { return sum(t[0], {0}); };
+  run_parity({"colsum_vec_slabs", {{3001, 4096}}, rows_sum, true, 0, 0, 3.0});
+  run_parity({"colsum_odd_c", {{777, 1001}}, rows_sum, true, 0, 0, 3.0});
+  run_parity({"colsum_narrow_c", {{20011, 24}}, rows_sum, true, 0, 0, 3.0});
+  run_parity({"colsum_three_cols", {{70001, 3}}, rows_sum, true, 0, 0, 3.0});
+  run_parity({"colsum_few_rows", {{3, 5000}}, rows_sum, true, 0, 0, 3.0});
+  run_parity({"colsum_leading_dims", {{4, 250, 512}}, [](const V& t) { return sum(t[0], {0, 1}); }, true, 0, 0, 3.0});
+  // Strided rows (ld > C): misaligned offset (scalar path) and a 16-byte aligned one (vector path).
+  run_parity({"colsum_strided_misaligned", {{300, 4100}},
+              [](const V& t) { return sum(narrow(t[0], 1, 3, 4096), {0}); }, true, 0, 0, 3.0});
+  run_parity({"colsum_strided_aligned", {{300, 4112}},
+              [](const V& t) { return sum(narrow(t[0], 1, 8, 4096), {0}); }, true, 0, 0, 3.0});
+}
+
+TEST(CudaRowKernels, ColumnSumIsBitwiseReproducible) {
+  KESTREL_REQUIRE_GPU();
+  Tensor x = testing::randn({16384, 1024}, DType::F32, Device::cuda(0));
+  Tensor a = sum(x, {0}), b = sum(x, {0});
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  EXPECT_LE(testing::rel_l2(a.to(Device::cpu()), sum(x.to(Device::cpu()), {0})), 1e-5);
+}
+
+// Row lengths per path (bf16 / f32): 4096 -> registers, 2 chunks; 12288 -> registers, 4 chunks (bf16),
+// streaming (f32); 1001, 1999 -> scalar registers (2 and 4 chunks); 4097 -> scalar streaming;
+// 16392 -> vector streaming; 64 / 96 with many rows -> several rows per block (partial dw in registers).
+struct RowShape {
+  int64_t rows, C;
+};
+const RowShape kRowShapes[] = {{67, 4096}, {5, 12288}, {33, 1001}, {17, 1999}, {9, 4097}, {3, 16392},
+                               {9000, 64}, {20000, 96}, {2, 7}};
+
+TEST(CudaRowKernels, RmsNorm) {
+  KESTREL_REQUIRE_GPU();
+  for (RowShape s : kRowShapes) {
+    std::string n = std::to_string(s.rows) + "x" + std::to_string(s.C);
+    run_parity({"rms_norm_" + n, {{s.rows, s.C}, {s.C}}, [](const V& t) { return rms_norm(t[0], t[1], 1e-5); }});
+    run_parity({"add_rms_norm_" + n, {{s.rows, s.C}, {s.rows, s.C}, {s.C}},
+                [](const V& t) {
+                  auto [y, h] = add_rms_norm(t[0], t[1], t[2], 1e-5);
+                  return add(y, scale(h, 0.5));
+                }});
+  }
+}
+
+TEST(CudaRowKernels, LayerNorm) {
+  KESTREL_REQUIRE_GPU();
+  for (RowShape s : kRowShapes) {
+    std::string n = std::to_string(s.rows) + "x" + std::to_string(s.C);
+    run_parity({"layer_norm_" + n, {{s.rows, s.C}, {s.C}, {s.C}},
+                [](const V& t) { return layer_norm(t[0], t[1], t[2], 1e-5); }});
+    run_parity({"layer_norm_plain_" + n, {{s.rows, s.C}},
+                [](const V& t) { return layer_norm(t[0], Tensor(), Tensor(), 1e-5); }});
+  }
+  // A large mean: the two-pass variance in registers must not cancel.
+  run_parity({"layer_norm_offset", {{13, 4096}, {4096}, {4096}},
+              [](const V& t) { return layer_norm(add_scalar(t[0], 300.0), t[1], t[2], 1e-5); }, false, 0, 0, 2.0,
+              {DType::F32}});
+}
+
+TEST(CudaRowKernels, Softmax) {
+  KESTREL_REQUIRE_GPU();
+  for (RowShape s : kRowShapes) {
+    std::string n = std::to_string(s.rows) + "x" + std::to_string(s.C);
+    run_parity({"softmax_" + n, {{s.rows, s.C}}, [](const V& t) { return softmax(scale(t[0], 3.0), -1); }});
+    run_parity({"log_softmax_" + n, {{s.rows, s.C}}, [](const V& t) { return log_softmax(scale(t[0], 3.0), -1); }});
+    run_parity({"logsumexp_" + n, {{s.rows, s.C}}, [](const V& t) { return logsumexp(t[0], -1); }});
+  }
+  run_parity({"softmax_8192", {{40, 8192}}, [](const V& t) { return softmax(t[0], -1); }});
+}
+
+TEST(CudaRowKernels, GeluErfNegativeTail) {
+  KESTREL_REQUIRE_GPU();
+  // 0.5 x (1 + erf(x / sqrt2)) cancels to 0 (or noise) here; the erfc form keeps full relative accuracy.
+  run_parity({"gelu_erf_tail", {{4001}}, [](const V& t) { return gelu(t[0]); }, true, -9.0, -3.0, 1.0,
+              {DType::F32, DType::BF16}});
+  Tensor x = Tensor::full({1}, -6.0, DType::F32, Device::cuda(0));
+  double got = gelu(x).to(Device::cpu()).item();
+  double want = 0.5 * -6.0 * std::erfc(6.0 / std::sqrt(2.0));  // about -5.9e-9
+  EXPECT_NEAR(got, want, 1e-5 * std::abs(want));
+}
+
+TEST(CudaRowKernels, ClipGradNormOnDevice) {
+  KESTREL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (double max_norm : {0.5, 1e9, 0.0}) {
+    std::vector<Tensor> host = {testing::randn({1001}), testing::randn({33, 7}).to(DType::BF16),
+                                testing::randn({70001}).to(DType::F16)};
+    std::vector<Tensor> dev_a, dev_b;
+    for (const Tensor& t : host) {
+      dev_a.push_back(t.to(gpu));
+      dev_b.push_back(t.to(gpu));
+    }
+    double want = clip_grad_norm(dev_a, max_norm);  // host-synchronising path on the device
+    Tensor norm = clip_grad_norm_device(dev_b, max_norm);
+    ASSERT_EQ(norm.device(), gpu);
+    ASSERT_EQ(norm.dtype(), DType::F32);
+    EXPECT_EQ(norm.to(Device::cpu()).item(), static_cast<double>(static_cast<float>(want))) << max_norm;
+    for (size_t i = 0; i < host.size(); ++i) EXPECT_EQ(bytes_of(dev_a[i]), bytes_of(dev_b[i])) << i << " " << max_norm;
+    if (max_norm == 0.5) EXPECT_NE(bytes_of(dev_b[0]), bytes_of(host[0]));  // it really scaled
+    if (max_norm != 0.5) EXPECT_EQ(bytes_of(dev_b[0]), bytes_of(host[0]));
+  }
+  std::vector<Tensor> g = {testing::randn({513}).to(gpu)};
+  EXPECT_NEAR(global_grad_norm_device(g).to(Device::cpu()).item(), global_grad_norm(g), 1e-6 * global_grad_norm(g));
+  EXPECT_EQ(clip_grad_norm_device({}, 1.0).item(), 0.0);
+}
+
+}  // namespace
+}  // namespace kestrel
