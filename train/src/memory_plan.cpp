@@ -501,9 +501,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.where = "backward: splice";
     L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
     L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
-    L.where = "backward: embed";
-    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
-    L.free(kGrad, tied_grad + T * C * b);
+    // The token embeddings' gradient (db) waits: the engine walks the image branch first.
     L.where = "backward: projector";
     L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
     L.free(kAct, Ti * Hp * b);
@@ -529,6 +527,9 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
     L.free(kGrad, TE);
     L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
+    L.where = "backward: embed";
+    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
+    L.free(kGrad, tied_grad + T * C * b);
   }
   (void)tc;
 
