@@ -88,7 +88,8 @@ def main():
     wg = w.clone().requires_grad_(True)
     gy = r(2 * T, HID)
 
-    def rms_fb():
+    def rms_fb():  # gradients reset: no leaf accumulation (an activation's gradient in training)
+        xg.grad = wg.grad = None
         out = F.rms_norm(xg, (HID,), wg, 1e-5)
         out.backward(gy)
 
@@ -99,6 +100,7 @@ def main():
     bg = bb.clone().requires_grad_(True)
 
     def ln_fb():
+        xg.grad = wg.grad = bg.grad = None
         F.layer_norm(xg, (HID,), wg, bg, 1e-5).backward(gy)
 
     rows["layer_norm fwd+bwd"] = (s := timed(ln_fb), 5 * xn.nbytes / s / 1e9)
@@ -108,7 +110,11 @@ def main():
     xs = r(2 * T, 8192)
     rows["softmax"] = (s := timed(lambda: torch.softmax(xs, -1)), 2 * xs.nbytes / s / 1e9)
     xsg, gs = xs.clone().requires_grad_(True), r(2 * T, 8192)
-    rows["softmax fwd+bwd"] = (s := timed(lambda: torch.softmax(xsg, -1).backward(gs)), 5 * xs.nbytes / s / 1e9)
+    def sm_fb():
+        xsg.grad = None
+        torch.softmax(xsg, -1).backward(gs)
+
+    rows["softmax fwd+bwd"] = (s := timed(sm_fb), 5 * xs.nbytes / s / 1e9)
     out_s = torch.softmax(xsg, -1)
     rows["softmax bwd"] = (s := timed(lambda: torch.autograd.grad(out_s, [xsg], gs, retain_graph=True)),
                            3 * xs.nbytes / s / 1e9)
@@ -117,6 +123,8 @@ def main():
     rows["rope (eager rotate-half)"] = (s := timed(lambda: rope_ref(q, pos)), 2 * q.nbytes / s / 1e9)
     xr = r(4 * T, HID, dt=torch.float32)
     rows["sum_rows"] = (s := timed(lambda: xr.sum(0)), xr.nbytes / s / 1e9)
+    acc_a, acc_b = r(2 * T, HID), r(2 * T, HID)
+    rows["grad += (add_)"] = (s := timed(lambda: acc_a.add_(acc_b)), 3 * acc_a.nbytes / s / 1e9)
     xb = r(8 * T, HID)
     rows["sum_rows bf16"] = (s := timed(lambda: xb.sum(0)), xb.nbytes / s / 1e9)
     params = [torch.nn.Parameter(torch.empty(T, HID, device=dev, dtype=bf16)) for _ in range(8)]
@@ -156,6 +164,7 @@ PAIRS = [
     ("BM_sum_rows", "f32 32768x4096 -> 4096", "sum_rows"),
     ("BM_sum_rows_bf16", "bf16 65536x4096 -> 4096", "sum_rows bf16"),
     ("BM_clip_grad_norm_device", "8 x bf16 8192x4096", "clip_grad_norm_ (8 x 64 MiB)"),
+    ("BM_add_into_bf16", "bf16 16384x4096 (runtime)", "grad += (add_)"),
 ]
 
 

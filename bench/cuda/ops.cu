@@ -21,6 +21,7 @@
 #include "kestrel/ops/reduce.h"
 #include "kestrel/ops/rope.h"
 #include "kestrel/ops/softmax.h"
+#include "kestrel/runtime/accumulate.h"
 #include "kestrel/runtime/cuda_check.h"
 #include "kestrel/runtime/cuda_context.h"
 #include "kestrel/runtime/random.h"
@@ -104,6 +105,8 @@ void BM_rms_norm_backward(benchmark::State& state) {
   x.set_requires_grad(true);
   w.set_requires_grad(true);
   time_loop(state, [&] {
+    x.zero_grad();  // as for activations in training: no leaf accumulation (that is runtime add_into)
+    w.zero_grad();
     Tensor y = rms_norm(x, w, 1e-5);
     autograd::backward({y}, {g});
   }, 5 * nb(x));  // forward 2 + backward 3 (x, dy, dx)
@@ -123,6 +126,9 @@ void BM_layer_norm_fwd_bwd(benchmark::State& state) {
   w.set_requires_grad(true);
   b.set_requires_grad(true);
   time_loop(state, [&] {
+    x.zero_grad();
+    w.zero_grad();
+    b.zero_grad();
     Tensor y = layer_norm(x, w, b, 1e-5);
     autograd::backward({y}, {g});
   }, 5 * nb(x));
@@ -146,6 +152,7 @@ void BM_softmax_fwd_bwd(benchmark::State& state) {
   Tensor x = rnd({kTokens * 2, 8192}), g = rnd({kTokens * 2, 8192});
   x.set_requires_grad(true);
   time_loop(state, [&] {
+    x.zero_grad();
     Tensor y = softmax(x, -1);
     autograd::backward({y}, {g});
   }, 5 * nb(x));  // forward 2 + backward 3 (y, dy, dx)
@@ -165,6 +172,11 @@ void BM_rope(benchmark::State& state) {
 void BM_sum_rows(benchmark::State& state) {
   Tensor x = rnd({kTokens * 4, kHidden}, DType::F32);
   time_loop(state, [&] { (void)sum(x, {0}); }, nb(x));
+}
+// The runtime's gradient accumulation (dst += src; autograd's leaf accumulation), for reference.
+void BM_add_into_bf16(benchmark::State& state) {
+  Tensor a = rnd({kTokens * 2, kHidden}), b = rnd({kTokens * 2, kHidden});
+  time_loop(state, [&] { add_into(a, b); }, 3 * nb(a));
 }
 void BM_sum_rows_bf16(benchmark::State& state) {
   Tensor x = rnd({kTokens * 8, kHidden});
@@ -226,6 +238,7 @@ KB(BM_softmax_bwd_kernel);
 KB(BM_rope);
 KB(BM_sum_rows);
 KB(BM_sum_rows_bf16);
+KB(BM_add_into_bf16);
 KB(BM_clip_grad_norm_device);
 KB(BM_matmul_bf16)->Args({8192, 8192, 8192})->Args({8192, 14336, 4096})->Args({8192, 4096, 14336});
 KB(BM_gemmex_bf16)->Args({8192, 8192, 8192})->Args({8192, 14336, 4096})->Args({8192, 4096, 14336});

@@ -155,7 +155,8 @@ void norm_backward(const char* op, const Tensor& dx, const Tensor& dw, const Ten
                     else
                       return norm_backward_stream_kernel<T, V, LAYER>;
                   }();
-                  const unsigned grid = resident_grid(k, L.threads, rows);
+                  // At most 8 blocks per SM: bounds the [G, C] workspace (memory planner: G <= 8 x SMs).
+                  const unsigned grid = std::min<unsigned>(resident_grid(k, L.threads, rows), sm_count() * 8);
                   const int64_t G = grid;
                   Tensor pw, pb;  // [G, C] f32 partial column sums, one row per block
                   {

@@ -4,7 +4,8 @@
 // tensor gets ceil(n / kChunk) blocks and a block finds its tensor in a prefix table. AdamW follows
 // cpu/optim.cpp operation by operation with explicitly rounded f32 intrinsics (no FMA contraction), so
 // the f32 master weights, moments and the stochastically rounded bf16/f16 copy (Philox word i of
-// seed, offset 0) match the CPU bit for bit. sum_squares: per-block f64 partials, then one block adds
+// seed, offset 0) match the CPU bit for bit. sum_squares and scaling use 16-byte vectors on whole
+// aligned chunks. sum_squares: per-block f64 partials, then one block adds
 // them in a fixed order (deterministic); the slot returns a host double, so that read is the one
 // synchronisation point. clip_by_global_norm keeps the norm and the clip factor on the device (the
 // scale kernel reads the factor), so clip_grad_norm_device never synchronises.
@@ -155,16 +156,52 @@ struct PlainList {
   DType t[kMaxTensors];
 };
 
-// partial[out_base + blockIdx.x] = sum over the block's chunk of x^2 (f64).
+// Calls f(T*) with the tensor's element type (f32, bf16, f16; the op layer rejects others).
+template <typename F>
+__device__ __forceinline__ void with_type(void* p, DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: f(static_cast<bf16_t*>(p)); break;
+    case DType::F16: f(static_cast<f16_t*>(p)); break;
+    default: f(static_cast<float*>(p)); break;
+  }
+}
+
+// Walks [base, end) of x: fv(i) for each 16-byte vector [i, i + N) when the chunk is whole and x
+// aligned (every chunk then starts aligned: kChunk is a multiple of N), else fs(i) per element.
+template <typename T, typename FV, typename FS>
+__device__ __forceinline__ void for_chunk(T* x, int64_t base, int64_t end, FV&& fv, FS&& fs) {
+  constexpr int N = Vec<T>::N;
+  if (end - base == kChunk && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    for (int64_t i = base + threadIdx.x * N; i < end; i += static_cast<int64_t>(blockDim.x) * N) fv(i);
+  } else {
+    for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) fs(i);
+  }
+}
+
+// partial[out_base + blockIdx.x] = sum over the block's chunk of x^2 (f64 accumulation).
 __global__ void sum_squares_kernel(PlainList L, double* partial) {
   __shared__ double sm[kBlock / 32];
   int t = find_tensor(L.block_start, L.count);
   int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  int64_t end = base + kChunk < L.n[t] ? base + kChunk : L.n[t];
   double acc = 0;
-  for (int64_t i = base + threadIdx.x; i < L.n[t] && i < base + kChunk; i += blockDim.x) {
-    double xi = load_as_f32(L.x[t], i, L.t[t]);
-    acc += xi * xi;
-  }
+  with_type(L.x[t], L.t[t], [&](auto* x) {
+    using T = std::remove_pointer_t<decltype(x)>;
+    for_chunk(
+        x, base, end,
+        [&](int64_t i) {
+          Vec<T> v = load_vec(x + i);
+#pragma unroll
+          for (int j = 0; j < Vec<T>::N; ++j) {
+            double xi = to_f32(v.v[j]);
+            acc += xi * xi;
+          }
+        },
+        [&](int64_t i) {
+          double xi = to_f32(x[i]);
+          acc += xi * xi;
+        });
+  });
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = acc;
   __syncthreads();
@@ -213,8 +250,20 @@ __global__ void scale_kernel(PlainList L, double s, const double* coef) {
   if (s == 1.0) return;
   int t = find_tensor(L.block_start, L.count);
   int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  for (int64_t i = base + threadIdx.x; i < L.n[t] && i < base + kChunk; i += blockDim.x)
-    store_f32_as(L.x[t], i, L.t[t], static_cast<float>(static_cast<double>(load_as_f32(L.x[t], i, L.t[t])) * s));
+  int64_t end = base + kChunk < L.n[t] ? base + kChunk : L.n[t];
+  with_type(L.x[t], L.t[t], [&](auto* x) {
+    using T = std::remove_pointer_t<decltype(x)>;
+    auto scaled = [s](T v) { return from_f32<T>(static_cast<float>(static_cast<double>(to_f32(v)) * s)); };
+    for_chunk(
+        x, base, end,
+        [&](int64_t i) {
+          Vec<T> v = load_vec(x + i);
+#pragma unroll
+          for (int j = 0; j < Vec<T>::N; ++j) v.v[j] = scaled(v.v[j]);
+          store_vec(x + i, v);
+        },
+        [&](int64_t i) { x[i] = scaled(x[i]); });
+  });
 }
 
 // Calls f(list, blocks) for batches of the tensors.

@@ -123,6 +123,11 @@ TEST(CudaRowKernels, ClipGradNormOnDevice) {
       dev_b.push_back(t.to(gpu));
     }
     double want = clip_grad_norm(dev_a, max_norm);  // host-synchronising path on the device
+    std::vector<Tensor> cpu = {host[0].clone(), host[1].clone(), host[2].clone()};
+    double cpu_norm = clip_grad_norm(cpu, max_norm);  // f64 reference on the CPU
+    EXPECT_NEAR(want, cpu_norm, 1e-9 * cpu_norm);
+    for (size_t i = 0; i < host.size(); ++i)  // the 70001-element tensor takes the vector path
+      EXPECT_LE(testing::rel_l2(dev_a[i].to(Device::cpu()).to(DType::F32), cpu[i].to(DType::F32)), 1e-6) << i;
     Tensor norm = clip_grad_norm_device(dev_b, max_norm);
     ASSERT_EQ(norm.device(), gpu);
     ASSERT_EQ(norm.dtype(), DType::F32);
