@@ -409,11 +409,20 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   }
   L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
 
-  // The batch (trainer scope: no tag -> Temporary): ids, labels, positions (i64), pixels, image slots, cu_seqlens.
+  // The batch (train/src/batch_prefetcher.cpp). On the CPU its arrays view the prefetcher's host
+  // memory (not counted). On CUDA they are device copies (Activation, label "data"): ids, labels,
+  // positions [T] i64, cu_seqlens, and for the VLM pixels [B, 3, S, S] f32 and image slots [Ti] i64;
+  // with prefetch on, the next micro-batch is uploaded as the step starts, so two batches are live.
+  // The f32 pixels die with the forward. The VLM casts the pixels to the model dtype (vlm_data.cpp).
   const int64_t S = mc.vision_config.image_size;
+  auto block = [&](int64_t bytes) { return on_cuda ? cuda_block_bytes(bytes) : bytes; };
+  const int64_t pixels_f32 = on_cuda && vlm ? block(B * 3 * S * S * 4) : 0;
+  const int64_t batch_bytes =
+      on_cuda ? 3 * block(T * 8) + block((B + 1) * 4) + (vlm ? pixels_f32 + block(s.Ti * 8) : 0) : 0;
+  const int64_t batches = on_cuda && cfg.value("prefetch", 0) > 0 ? 2 : 1;
+  const int64_t pixel_cast = vlm && dtype != DType::F32 ? block(B * 3 * S * S * b) : 0;
   L.where = "data";
-  const int64_t batch_bytes = vlm ? 3 * T * 8 + B * 3 * S * S * b + s.Ti * 8 + (B + 1) * 4 : 3 * T * 8 + (B + 1) * 4;
-  L.alloc(MemoryTag::Temporary, batch_bytes);
+  L.alloc(kAct, batches * batch_bytes + pixel_cast);
 
   // ---- forward ----
   const bool regions = policy != RecomputePolicy::None;
@@ -469,6 +478,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
               : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
   L.alloc(MemoryTag::Workspace, ce_forward);
   L.free(MemoryTag::Workspace, ce_forward);
+  L.free(kAct, pixels_f32 + pixel_cast);  // the step's batch copy of the pixels and their cast
 
   // ---- backward ----
   L.where = "backward: loss";
@@ -536,7 +546,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // ---- optimizer ----
   L.where = "optimizer";
   L.free(kGrad, L.cur[static_cast<int>(kGrad)]);  // zero_grad
-  L.free(MemoryTag::Temporary, batch_bytes);
+  L.free(kAct, batches * batch_bytes - pixels_f32);
 
   plan.tag_peak = L.peak;
   plan.peak = L.peak_in_use;
