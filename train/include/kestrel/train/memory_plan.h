@@ -10,7 +10,9 @@
 // cross-entropy workspace with its f32 d_weight, the flash attention backward and norm backward
 // buffers, sized as ops/cuda sizes them: src/memory_plan_workspace.h), and the backward walk
 // (input gradients, out-of-place accumulation of non-leaf gradients, parameter gradients that live
-// until the optimizer's zero_grad). The result is the peak per tag and the peak of the sum (bytes
+// until the optimizer's zero_grad; the image branch before the token embedding), and the batch as
+// the prefetcher holds it (CUDA: device copies tagged Activation, two with prefetch on; CPU: views
+// of host memory, not counted). The result is the peak per tag and the peak of the sum (bytes
 // in use), which a profile measures exactly.
 // Not modelled: allocator rounding (512 B) and caching (reserved > in use on CUDA), offloading
 // (planned as recompute: the offloaded region inputs are counted on the device), External
