@@ -40,8 +40,8 @@ void expect_batch(BatchPrefetcher& p, uint64_t index) {
 }
 
 TEST(Prefetch, HandsOutPrepareOfEachIndexInOrderAndAfterJumps) {
-  for (int depth : {0, 1, 3}) {
-    BatchPrefetcher p(numbered, Device::cpu(), depth);
+  for (auto [depth, threads] : {std::pair{0, 1}, {1, 1}, {3, 1}, {4, 3}}) {
+    BatchPrefetcher p(numbered, Device::cpu(), depth, threads);
     for (uint64_t i = 5; i < 25; ++i) expect_batch(p, i);
     expect_batch(p, 400);  // a jump ahead drops what was prepared
     expect_batch(p, 401);
@@ -56,12 +56,14 @@ TEST(Prefetch, ErrorsReachTheConsumerForTheirIndex) {
     KESTREL_CHECK(index != 7, "test", "no batch 7");
     return numbered(index);
   };
-  BatchPrefetcher p(prepare, Device::cpu(), 2);
-  for (uint64_t i = 0; i < 7; ++i) expect_batch(p, i);
-  EXPECT_THROW(p.get(7), Error);
-  EXPECT_THROW(p.get(7), Error);  // retried, fails again
-  expect_batch(p, 8);
-  expect_batch(p, 9);
+  for (int threads : {1, 2}) {
+    BatchPrefetcher p(prepare, Device::cpu(), 2, threads);
+    for (uint64_t i = 0; i < 7; ++i) expect_batch(p, i);
+    EXPECT_THROW(p.get(7), Error);
+    EXPECT_THROW(p.get(7), Error);  // retried, fails again
+    expect_batch(p, 8);
+    expect_batch(p, 9);
+  }
 }
 
 json tiny_run(const std::string& out_dir, int64_t steps, int64_t prefetch) {
@@ -109,7 +111,8 @@ TEST(Prefetch, ResumeIsExactWithPrefetching) {
     t.run();
   }
   {
-    json c = tiny_run(b, 12, 3);  // prefetching 3 ahead, checkpoints at 6 and 12
+    json c = tiny_run(b, 12, 3);  // prefetching 3 ahead on 2 threads, checkpoints at 6 and 12
+    c["prefetch_threads"] = 2;
     c["checkpoint_every"] = 6;
     Trainer t(c);
     t.set_log_callback([](const std::string&) {});

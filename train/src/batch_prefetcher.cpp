@@ -1,6 +1,7 @@
 // The background preparation thread and the H2D staging of batch_prefetcher.h.
 #include "batch_prefetcher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -49,9 +50,10 @@ struct BatchPrefetcher::Upload {
 #endif
 };
 
-BatchPrefetcher::BatchPrefetcher(Prepare prepare, Device device, int depth)
-    : prepare_(std::move(prepare)), device_(device), depth_(depth) {
+BatchPrefetcher::BatchPrefetcher(Prepare prepare, Device device, int depth, int threads)
+    : prepare_(std::move(prepare)), device_(device), depth_(depth), num_threads_(std::max(1, std::min(threads, depth))) {
   KESTREL_CHECK(depth_ >= 0, "prefetch", "prefetch depth must be >= 0, got ", depth_);
+  KESTREL_CHECK(threads >= 1, "prefetch", "prefetch threads must be >= 1, got ", threads);
 }
 
 BatchPrefetcher::~BatchPrefetcher() {
@@ -60,7 +62,7 @@ BatchPrefetcher::~BatchPrefetcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 std::shared_ptr<BatchPrefetcher::Staged> BatchPrefetcher::stage(HostBatch b) const {
@@ -92,9 +94,10 @@ void BatchPrefetcher::worker() {
 #endif
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || (!error_ && ready_.size() < static_cast<size_t>(depth_)); });
+    // Claim the next index while fewer than `depth` batches are ready or in preparation.
+    cv_.wait(lock, [&] { return stop_ || claim_ < base_ + static_cast<uint64_t>(depth_); });
     if (stop_) return;
-    const uint64_t index = next_, gen = generation_;
+    const uint64_t index = claim_++, gen = generation_;
     lock.unlock();
     std::shared_ptr<Staged> s;
     std::exception_ptr err;
@@ -108,15 +111,21 @@ void BatchPrefetcher::worker() {
     lock.lock();
     if (gen != generation_) continue;  // restarted meanwhile: the work is for an index nobody wants
     if (err) {
-      error_ = err;
-      error_index_ = index;
+      errors_[index] = err;
     } else {
-      ready_.push_back(std::move(s));
-      ++next_;
+      done_[index] = std::move(s);
       ++stats_.prepared;
     }
     cv_.notify_all();
   }
+}
+
+void BatchPrefetcher::restart_locked(uint64_t index) {
+  done_.clear();
+  errors_.clear();
+  base_ = claim_ = index;
+  ++generation_;
+  cv_.notify_all();
 }
 
 std::shared_ptr<BatchPrefetcher::Staged> BatchPrefetcher::take(uint64_t index, bool wait) {
@@ -127,36 +136,32 @@ std::shared_ptr<BatchPrefetcher::Staged> BatchPrefetcher::take(uint64_t index, b
     return stage(std::move(b));
   }
   std::unique_lock<std::mutex> lock(mu_);
-  if (!started_) {
-    started_ = true;
-    next_ = index;
-    thread_ = std::thread([this] { worker(); });
+  if (threads_.empty()) {
+    base_ = claim_ = index;
+    for (int i = 0; i < num_threads_; ++i) threads_.emplace_back([this] { worker(); });
   }
-  const bool on_track = (!ready_.empty() && ready_.front()->host->index == index) ||
-                        (ready_.empty() && next_ == index && !(error_ && error_index_ != index));
-  if (!on_track) {  // a jump: drop everything and restart at `index`
+  if (index != base_) {  // a jump: drop everything and restart at `index`
     if (!wait) return nullptr;
-    ready_.clear();
-    next_ = index;
-    ++generation_;
-    error_ = nullptr;
-    cv_.notify_all();
+    restart_locked(index);
   }
-  if (ready_.empty()) {
+  auto ready = [&] { return done_.count(index) > 0 || errors_.count(index) > 0; };
+  if (!ready()) {
     if (!wait) return nullptr;
     auto t0 = std::chrono::steady_clock::now();
-    cv_.wait(lock, [&] { return !ready_.empty() || error_ != nullptr; });
+    cv_.wait(lock, ready);
     ++stats_.waited;
     stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (ready_.empty()) {  // the thread failed on this index: rethrow here, and retry it on the next get
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    cv_.notify_all();
-    std::rethrow_exception(e);
+  if (auto e = errors_.find(index); e != errors_.end()) {
+    // Rethrow here; the next get(index) prepares it again.
+    std::exception_ptr err = e->second;
+    restart_locked(index);
+    std::rethrow_exception(err);
   }
-  std::shared_ptr<Staged> s = std::move(ready_.front());
-  ready_.pop_front();
+  auto it = done_.find(index);
+  std::shared_ptr<Staged> s = std::move(it->second);
+  done_.erase(it);
+  base_ = index + 1;
   cv_.notify_all();
   return s;
 }

@@ -7,12 +7,13 @@
 // Policy: the prefetcher is a cache of a pure function (batch = f(index)); it never decides what
 // is trained. The trainer asks for indices in order and keeps the data position itself (the index
 // of the next batch the model consumes), which is what checkpoints store; a jump to another index
-// (resume, a change of plan) drops what was prepared and restarts there. depth = 0 prepares
-// inline on the caller's thread (no thread at all).
+// (resume, a change of plan) drops what was prepared and restarts there. Up to `depth` batches are
+// ready or in preparation at once, on `threads` threads (each prepares whole batches; indices are
+// handed out in order and consumed in order). depth = 0 prepares inline on the caller's thread.
 #pragma once
 
 #include <condition_variable>
-#include <deque>
+#include <map>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -27,7 +28,7 @@ namespace kestrel::train {
 class BatchPrefetcher {
  public:
   using Prepare = std::function<HostBatch(uint64_t index)>;
-  BatchPrefetcher(Prepare prepare, Device device, int depth);
+  BatchPrefetcher(Prepare prepare, Device device, int depth, int threads = 1);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
@@ -52,21 +53,22 @@ class BatchPrefetcher {
   std::shared_ptr<Staged> stage(HostBatch b) const;
   Batch to_device(const std::shared_ptr<Staged>& s);
   void worker();
+  void restart_locked(uint64_t index);
 
   Prepare prepare_;
   Device device_;
-  int depth_;
+  int depth_, num_threads_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Staged>> ready_;  // consecutive indices from ready_.front()
-  uint64_t next_ = 0;                          // the index the thread prepares next
-  uint64_t generation_ = 0;                    // bumped by a restart; stale work is dropped
-  bool started_ = false, stop_ = false;
-  std::exception_ptr error_;
-  uint64_t error_index_ = 0;
+  std::map<uint64_t, std::shared_ptr<Staged>> done_;  // prepared, by index
+  std::map<uint64_t, std::exception_ptr> errors_;     // failed, by index
+  uint64_t base_ = 0;        // the index the consumer takes next
+  uint64_t claim_ = 0;       // the index the next free thread prepares
+  uint64_t generation_ = 0;  // bumped by a restart; stale work is dropped
+  bool stop_ = false;
   Stats stats_;
   std::unique_ptr<Upload> pending_;  // the upload started for the next index
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace kestrel::train

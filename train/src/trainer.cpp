@@ -110,8 +110,12 @@ struct Trainer::Impl {
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
     Task* t = task.get();
     const int64_t bs = batch_size;
+    int threads = cfg["prefetch_threads"];
+    KESTREL_CHECK(threads >= 0 && threads <= 64, "train", "prefetch_threads must lie in [0, 64], got ", threads);
+    // Auto: one thread beside the CPU's compute threads; four feeding a GPU.
+    if (threads == 0) threads = device.is_cuda() ? 4 : 1;
     prefetcher = std::make_unique<BatchPrefetcher>([t, bs](uint64_t index) { return t->prepare(index, bs); }, device,
-                                                   static_cast<int>(depth));
+                                                   static_cast<int>(depth), threads);
   }
 
   int64_t num_params() const { return task->parameters().numel(); }
