@@ -129,6 +129,29 @@ __global__ void add_into_kernel(D* __restrict__ dst, const S* __restrict__ src, 
   }
 }
 
+// add_into on contiguous, 16-byte aligned tensors (gradient accumulation): 8 elements per thread
+// per step with vector loads, float math. Bit-identical to add_into_kernel: the exact sum of two
+// values of at most 24 significant bits rounds the same through double as through float.
+template <typename T>
+struct alignas(sizeof(T) * 8 < 16 ? sizeof(T) * 8 : 16) Pack8 {
+  T v[8];
+};
+
+template <typename D, typename S>
+__global__ void add_into_contiguous_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
+  const int64_t packs = n / 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < packs; i += stride) {
+    Pack8<D> d = reinterpret_cast<const Pack8<D>*>(dst)[i];
+    const Pack8<S> s = reinterpret_cast<const Pack8<S>*>(src)[i];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d.v[k] = from_f<D>(to_f(d.v[k]) + to_f(s.v[k]));
+    reinterpret_cast<Pack8<D>*>(dst)[i] = d;
+  }
+  for (int64_t i = packs * 8 + first; i < n; i += stride) dst[i] = from_f<D>(to_f(dst[i]) + to_f(src[i]));
+}
+
 // Philox fills of a contiguous tensor, values generated in float as random.cpp does on the host.
 template <typename D>
 __global__ void uniform_kernel(D* __restrict__ dst, int64_t n, uint64_t seed, uint64_t off, double lo, double hi) {
@@ -268,8 +291,14 @@ void launch_add_into(const Tensor& dst, const Tensor& src) {
     using D = decltype(dtag);
     dispatch_gpu_floating(src.dtype(), "add_into", [&](auto stag) {
       using S = decltype(stag);
-      add_into_kernel<D, S><<<grid_for(n), 256, 0, s>>>(static_cast<D*>(dst.data_ptr()),
-                                                       static_cast<const S*>(src.data_ptr()), L, n);
+      auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      if (L.rank == 1 && L.dst[0] == 1 && L.src[0] == 1 && aligned(dst.data_ptr()) && aligned(src.data_ptr())) {
+        add_into_contiguous_kernel<D, S><<<grid_for((n + 7) / 8), 256, 0, s>>>(static_cast<D*>(dst.data_ptr()),
+                                                                             static_cast<const S*>(src.data_ptr()), n);
+      } else {
+        add_into_kernel<D, S><<<grid_for(n), 256, 0, s>>>(static_cast<D*>(dst.data_ptr()),
+                                                         static_cast<const S*>(src.data_ptr()), L, n);
+      }
       KESTREL_CUDA_CHECK_LAUNCH();
     });
   });

@@ -66,6 +66,18 @@ TEST(CudaKernels, StridedCopyFillAddMatchCpu) {
       add_into(a, b);
       add_into(ag, bg);
       ASSERT_EQ(bytes_of(ag), bytes_of(a)) << "add_into " << dtype_name(dt) << " += " << dtype_name(st);
+      // Contiguous operands take the vectorised path (8 per thread + a tail of 5), also from a
+      // 16-byte aligned offset view and from a misaligned one (the generic path).
+      for (int64_t start : {int64_t{0}, int64_t{8}, int64_t{3}}) {
+        Tensor x = uniform({8 * 4099 + 5 + 8}, -3, 3, dt, Device::cpu(), gen).narrow_view(0, start, 8 * 4099 + 5);
+        Tensor y = uniform({8 * 4099 + 5 + 8}, -3, 3, st, Device::cpu(), gen).narrow_view(0, start, 8 * 4099 + 5);
+        Tensor xg = x.to(kGpu), yg = Tensor::empty({8 * 4099 + 5 + 8}, st, kGpu).narrow_view(0, start, 8 * 4099 + 5);
+        yg.copy_(y.to(kGpu));
+        add_into(x, y);
+        add_into(xg, yg);
+        ASSERT_EQ(bytes_of(xg), bytes_of(x)) << "contiguous add_into " << dtype_name(dt) << " += " << dtype_name(st)
+                                             << " at offset " << start;
+      }
     }
   EXPECT_THROW(Tensor::zeros({4}, DType::F64, kGpu), Error);
 }
