@@ -1,9 +1,11 @@
 // Entry point of the flash attention forward: validates the parameters once, picks the
 // head-dim instantiation (64 and 128 exact; other sizes zero-padded to 64/128/256, announced
 // once on stderr as the slower path) and the kernel, and launches on the caller's stream.
-// Kernels: the Hopper wgmma kernel (flash_attention_fwd_wgmma_kernel.cuh) for padded head dims 64
-// and 128, the mma.sync kernel (flash_attention_fwd_kernel.cuh) for 256 and whenever
-// KESTREL_FA_FWD=mma (read on every call, so one benchmark process can A/B both).
+// Kernels (KESTREL_FA_FWD, read on every call so one benchmark process can A/B them), for padded
+// head dims 64 and 128: "wgmma" (default) the Hopper wgmma kernel
+// (flash_attention_fwd_wgmma_kernel.cuh) with 3-deep K/V rings, "wgmma_s2" the same with 2-deep
+// rings, "wgmma_pp" the staggered two-warpgroup kernel (flash_attention_fwd_wgmma_pp_kernel.cuh),
+// "mma" the mma.sync kernel (flash_attention_fwd_kernel.cuh), which also runs head dim 256.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -48,10 +50,15 @@ int padded_head_dim(int head_dim) {
   return padded;
 }
 
-// KESTREL_FA_FWD=mma selects the mma.sync forward everywhere; unset or "wgmma" is the default.
-bool fwd_use_mma() {
+enum class FwdKernel { Mma, Wgmma, WgmmaTwoStage, WgmmaPingPong };
+FwdKernel fwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_FWD");
-  return e && std::strcmp(e, "mma") == 0;
+  if (!e || !*e || std::strcmp(e, "wgmma") == 0) return FwdKernel::Wgmma;
+  if (std::strcmp(e, "mma") == 0) return FwdKernel::Mma;
+  if (std::strcmp(e, "wgmma_s2") == 0) return FwdKernel::WgmmaTwoStage;
+  if (std::strcmp(e, "wgmma_pp") == 0) return FwdKernel::WgmmaPingPong;
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_FWD must be mma, wgmma, wgmma_s2 or wgmma_pp, got '", e, "'");
+  return FwdKernel::Wgmma;
 }
 
 }  // namespace fa
@@ -62,10 +69,19 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   if (p.num_docs == 0 || p.max_seqlen_q == 0) return;
   const int d = fa::padded_head_dim(p.head_dim);
   const bool bf = p.dtype == AttnDType::BF16;
-  if ((d == 64 || d == 128) && !fa::fwd_use_mma()) {
-    KESTREL_CHECK(p.max_seqlen_q / 128 < 65535, "flash_attention", "max_seqlen_q too large: ", p.max_seqlen_q);
-    if (d == 64) bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd_wgmma<__half, 64>(p, stream);
-    else bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd_wgmma<__half, 128>(p, stream);
+  const fa::FwdKernel kind = fa::fwd_kernel_choice();
+  if ((d == 64 || d == 128) && kind == fa::FwdKernel::WgmmaPingPong) {
+    if (d == 64) bf ? fa::launch_fwd_wgmma_pp<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd_wgmma_pp<__half, 64>(p, stream);
+    else bf ? fa::launch_fwd_wgmma_pp<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd_wgmma_pp<__half, 128>(p, stream);
+    return;
+  }
+  if ((d == 64 || d == 128) && kind != fa::FwdKernel::Mma) {
+    const int stages = kind == fa::FwdKernel::WgmmaTwoStage ? 2 : 3;
+    if (d == 64)
+      bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 64>(p, stages, stream) : fa::launch_fwd_wgmma<__half, 64>(p, stages, stream);
+    else
+      bf ? fa::launch_fwd_wgmma<__nv_bfloat16, 128>(p, stages, stream)
+         : fa::launch_fwd_wgmma<__half, 128>(p, stages, stream);
     return;
   }
   switch (d) {

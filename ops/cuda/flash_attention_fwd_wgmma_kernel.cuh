@@ -10,8 +10,8 @@
 // waits for S(i) only, runs the softmax of tile i while the P V GEMM is still on the tensor cores,
 // then waits for it, rescales O and packs P(i). The two (three) warpgroups of a block interleave
 // their GEMMs and softmaxes on their own. Tiles arrive by cp.async (zero-fill past the document /
-// head_dim), issued one iteration ahead into double buffers for K and V: one __syncthreads per key
-// tile. Causal masking is bottom-right aligned per document; rows with no visible key give out = 0
+// head_dim) into kStages-deep rings for K and V, issued kStages - 1 iterations ahead: one
+// __syncthreads per key tile. Causal masking is bottom-right aligned per document; rows with no visible key give out = 0
 // and lse = -inf (same outputs as the mma.sync kernel in flash_attention_fwd_kernel.cuh).
 #pragma once
 
@@ -24,27 +24,7 @@
 
 namespace kestrel::cuda::fa {
 
-// Copies a [kRows, kD] tile (global row stride `stride` elements) into the [kD/64][kRows][64]
-// swizzled layout of flash_attention_wgmma.cuh; rows >= valid_rows and columns >= valid_cols are
-// zero-filled.
-template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void load_tile_sw128(uint32_t smem, const T* gmem, int64_t stride, int valid_rows,
-                                                int valid_cols, int tid) {
-  constexpr int kChunks = kD / 8;
-  constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-    const int idx = it * kThreads + tid;
-    if (kTotal % kThreads != 0 && idx >= kTotal) break;
-    const int row = idx / kChunks, ch = idx % kChunks;
-    const bool pred = row < valid_rows && ch * 8 < valid_cols;
-    const T* src = pred ? gmem + row * stride + ch * 8 : gmem;
-    const uint32_t dst = smem + (ch / 8) * (kRows * 128) + row * 128 + (((ch % 8) ^ (row % 8)) << 4);
-    cp_async_16(dst, src, pred);
-  }
-}
-
-template <typename T, int kD, int kWG, int kBc>
+template <typename T, int kD, int kWG, int kBc, int kStages>
 __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const FlashAttentionParams p) {
   constexpr int kBr = kWG * 64;
   constexpr int kThreads = kWG * 128;
@@ -53,10 +33,11 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   constexpr int kKs = kBc / 16; // k-steps of P V (A fragments of P)
   constexpr uint32_t kQBytes = kBr * kD * 2, kKVBytes = kBc * kD * 2;
   static_assert(kD % 64 == 0 && kBc % 64 == 0, "64-column swizzle slabs");
+  static_assert(kStages == 2 || kStages == 3, "K/V ring depth");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [kD/64][kBr][64]
-  const uint32_t sK = sQ + kQBytes;                            // 2 stages of [kD/64][kBc][64]
-  const uint32_t sV = sK + 2 * kKVBytes;                       // 2 stages of [kD/64][kBc][64]
+  const uint32_t sK = sQ + kQBytes;                            // kStages x [kD/64][kBc][64]
+  const uint32_t sV = sK + kStages * kKVBytes;                 // kStages x [kD/64][kBc][64]
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
@@ -82,13 +63,22 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   const int64_t kv_stride = static_cast<int64_t>(p.num_heads_kv) * D;
   const T* k_head = k + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
   const T* v_head = v + (static_cast<int64_t>(k_start) * p.num_heads_kv + hk) * D;
-  auto load_k = [&](int nb, int stage) {
-    const int n0 = nb * kBc;
-    load_tile_sw128<kBc, kD, kThreads>(sK + stage * kKVBytes, k_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
-  };
-  auto load_v = [&](int nb, int stage) {
-    const int n0 = nb * kBc;
-    load_tile_sw128<kBc, kD, kThreads>(sV + stage * kKVBytes, v_head + n0 * kv_stride, kv_stride, len_k - n0, D, tid);
+  // Tile j (processing order) is key block n_blocks - 1 - j and sits in stage j % kStages. Load
+  // group i (issued in iteration i) holds K(i + kStages - 1) and V(i + kStages - 2); iteration it
+  // needs K(it) and V(it - 1), i.e. group it - kStages + 1.
+  auto issue_group = [&](int i) {
+    const int jk = i + kStages - 1, jv = i + kStages - 2;
+    if (jk < n_blocks) {
+      const int n0 = (n_blocks - 1 - jk) * kBc;
+      load_tile_sw128<kBc, kD, kThreads>(sK + (jk % kStages) * kKVBytes, k_head + n0 * kv_stride, kv_stride,
+                                         len_k - n0, D, tid);
+    }
+    if (jv >= 0 && jv < n_blocks) {
+      const int n0 = (n_blocks - 1 - jv) * kBc;
+      load_tile_sw128<kBc, kD, kThreads>(sV + (jv % kStages) * kKVBytes, v_head + n0 * kv_stride, kv_stride,
+                                         len_k - n0, D, tid);
+    }
+    cp_async_commit();
   };
 
   float o[kNo];
@@ -135,20 +125,21 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = m_i[r];
+      // Four independent partial maxima / sums: short dependency chains (2 warps per scheduler).
+      float pm[4] = {m_i[r], m_i[r], m_i[r], m_i[r]};
 #pragma unroll
-      for (int j = 0; j < kBc / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = quad_max(mx);
+      for (int j = 0; j < kBc / 8; ++j) pm[j % 4] = fmaxf(pm[j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      float mx = quad_max(fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3])));
       alpha[r] = (m_i[r] == -INFINITY) ? 0.f : fast_exp2((m_i[r] - mx) * sl2);
       const float ms = (mx == -INFINITY) ? 0.f : mx * sl2;
-      float sum = 0.f;
+      float ps[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j) {
         s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], sl2, -ms));
         s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], sl2, -ms));
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        ps[j % 4] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
       }
-      l_i[r] = l_i[r] * alpha[r] + sum;
+      l_i[r] = l_i[r] * alpha[r] + ((ps[0] + ps[1]) + (ps[2] + ps[3]));
       m_i[r] = mx;
     }
   };
@@ -163,17 +154,18 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   };
 
   if (n_blocks > 0) {
-    // Prologue: Q and the first K tile, then the next K and the first V in flight during S(0).
+    // Prologue: Q and K(0), groups -(kStages-2)..-1, then group 0 in flight during S(0).
     const T* q_tile = q + (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
     load_tile_sw128<kBr, kD, kThreads>(sQ, q_tile, q_stride, len_q - m0, D, tid);
-    load_k(n_blocks - 1, 0);
+    load_tile_sw128<kBc, kD, kThreads>(sK, k_head + (n_blocks - 1) * kBc * kv_stride, kv_stride,
+                                       len_k - (n_blocks - 1) * kBc, D, tid);
     cp_async_commit();
-    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 2 - kStages; i < 0; ++i) issue_group(i);
+    cp_async_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();
-    if (n_blocks > 1) load_k(n_blocks - 2, 1);
-    load_v(n_blocks - 1, 0);
-    cp_async_commit();
+    issue_group(0);
     wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
@@ -184,16 +176,13 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
 
     for (int it = 1; it < n_blocks; ++it) {
       const int nb = n_blocks - 1 - it;  // key block of S in this iteration
-      cp_async_wait<0>();                // K(it) and V(it - 1) of this thread landed
+      cp_async_wait<kStages - 2>();  // K(it) and V(it - 1) of this thread landed
       fence_proxy_async();
-      __syncthreads();                   // ... of every thread; iteration it - 1's GEMMs are done
-      if (nb > 0) load_k(nb - 1, (it + 1) & 1);
-      load_v(nb, it & 1);
-      cp_async_commit();
-
+      __syncthreads();               // ... of every thread; iteration it - 1's GEMMs are done
       wgmma_fence();
-      issue_qk(it & 1);
-      issue_pv((it - 1) & 1);
+      issue_qk(it % kStages);
+      issue_pv((it - 1) % kStages);
+      issue_group(it);  // the copies' address arithmetic runs while the tensor cores work
       wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
       fence_regs(s);
       softmax(nb, alpha);
@@ -214,7 +203,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     fence_proxy_async();
     __syncthreads();
     wgmma_fence();
-    issue_pv((n_blocks - 1) & 1);
+    issue_pv((n_blocks - 1) % kStages);
     wgmma_wait<0>();
     fence_regs(o);
   }
@@ -238,16 +227,22 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   }
 }
 
-template <typename T, int kD>
-void launch_fwd_wgmma(const FlashAttentionParams& p, cudaStream_t stream) {
+template <typename T, int kD, int kStages>
+void launch_fwd_wgmma_cfg(const FlashAttentionParams& p, cudaStream_t stream) {
   constexpr int kWG = WgmmaFwdTraits<kD>::kWG, kBc = WgmmaFwdTraits<kD>::kBc;
   constexpr int kBr = kWG * 64;
-  constexpr size_t smem = static_cast<size_t>(kBr + 4 * kBc) * kD * 2 + 1024;  // + 1 KiB for alignment
-  auto kernel = flash_fwd_wgmma_kernel<T, kD, kWG, kBc>;
+  constexpr size_t smem = static_cast<size_t>(kBr + 2 * kStages * kBc) * kD * 2 + 1024;  // + 1 KiB alignment
+  auto kernel = flash_fwd_wgmma_kernel<T, kD, kWG, kBc, kStages>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(p.num_heads_q, (p.max_seqlen_q + kBr - 1) / kBr, p.num_docs);
   kernel<<<grid, kWG * 128, smem, stream>>>(p);
   KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int kD>
+void launch_fwd_wgmma(const FlashAttentionParams& p, int stages, cudaStream_t stream) {
+  if (stages == 2) launch_fwd_wgmma_cfg<T, kD, 2>(p, stream);
+  else launch_fwd_wgmma_cfg<T, kD, 3>(p, stream);
 }
 
 }  // namespace kestrel::cuda::fa

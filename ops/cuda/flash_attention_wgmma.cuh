@@ -17,7 +17,66 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/flash_attention_common.cuh"
+
 namespace kestrel::cuda::fa {
+
+// Copies a [kRows, kD] tile (global row stride `stride` elements) into the [kD/64][kRows][64]
+// swizzled layout above with cp.async, split over kThreads threads (thread index tid); rows >=
+// valid_rows and columns >= valid_cols are zero-filled.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_sw128(uint32_t smem, const T* gmem, int64_t stride, int valid_rows,
+                                                int valid_cols, int tid) {
+  constexpr int kChunks = kD / 8;
+  constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+    const int idx = it * kThreads + tid;
+    if (kTotal % kThreads != 0 && idx >= kTotal) break;
+    const int row = idx / kChunks, ch = idx % kChunks;
+    const bool pred = row < valid_rows && ch * 8 < valid_cols;
+    const T* src = pred ? gmem + row * stride + ch * 8 : gmem;
+    const uint32_t dst = smem + (ch / 8) * (kRows * 128) + row * 128 + (((ch % 8) ^ (row % 8)) << 4);
+    cp_async_16(dst, src, pred);
+  }
+}
+
+// ---- mbarriers (CTA scope), named barriers, register reconfiguration ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive with release semantics (orders this thread's prior writes before the phase completes).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits (acquire) until the phase with the given parity has completed. A wait that never ends is
+// a bug (a phase miscount): trap after ~2^22 polls so it fails as a launch error, not a hang.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  for (uint32_t tries = 0;; ++tries) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (tries > (1u << 22)) __trap();
+  }
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 
 // Descriptor of a 128-byte-swizzled operand: start address, leading/stride byte offsets (16-byte
 // units, bits 16-29 / 32-45), swizzle mode 1 = 128 B in bits 62-63; base offset 0 (1024-aligned).

@@ -511,37 +511,58 @@ TEST(FlashAttentionCuda, WgmmaForwardTileEdges) {
   }
 }
 
-// The mma.sync forward (KESTREL_FA_FWD=mma) against the references, and against the wgmma forward
-// on the same inputs.
+// Restores KESTREL_FA_FWD on scope exit, so a whole-suite run under a chosen kernel keeps it.
+struct FwdKernelEnv {
+  std::string saved;
+  bool had;
+  FwdKernelEnv() {
+    const char* e = std::getenv("KESTREL_FA_FWD");
+    had = e != nullptr;
+    if (had) saved = e;
+  }
+  ~FwdKernelEnv() {
+    if (had) setenv("KESTREL_FA_FWD", saved.c_str(), 1);
+    else unsetenv("KESTREL_FA_FWD");
+  }
+};
+
+// The non-default forwards (KESTREL_FA_FWD=mma, the 2-stage and the staggered wgmma kernels)
+// against the references, and all of them against each other on the same inputs.
 TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
+  FwdKernelEnv restore;
   uint32_t seed = 600;
-  ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
-  std::printf("[flash] KESTREL_FA_FWD=mma\n");
-  for (bool causal : {true, false}) {
-    run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
-    run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
-    run_case(Case{{1000, 1, 300}, {1000, 1, 300}, 4, 1, 64, causal, F16}, false, seed++);
-    run_case(single(700, 4, 2, 128, causal, BF), false, seed++);
+  for (const char* kind : {"mma", "wgmma_s2", "wgmma_pp"}) {
+    ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
+    std::printf("[flash] KESTREL_FA_FWD=%s\n", kind);
+    for (bool causal : {true, false}) {
+      run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
+      run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
+      run_case(Case{{5, 130, 191, 193, 1, 257}, {5, 130, 191, 193, 1, 257}, 4, 2, 128, causal, BF}, true, seed++, 3.f);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 2, 1, 128, causal, F16}, true, seed++);
+      run_case(Case{{1000, 1, 300}, {1000, 1, 300}, 4, 1, 64, causal, F16}, false, seed++);
+      run_case(single(700, 4, 2, 128, causal, BF), false, seed++);
+    }
   }
   for (int d : {64, 128}) {
     for (AttnDType t : {BF, F16}) {
       const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, true, t}, seed++);
       ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
       const Result a = run_flash(pr);
-      ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "wgmma", 1));
-      const Result b = run_flash(pr);
-      const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
-      double lse_diff = 0;
-      for (size_t i = 0; i < a.lse.size(); ++i) lse_diff = std::max(lse_diff, (double)std::abs(a.lse[i] - b.lse[i]));
-      std::printf("[flash] wgmma vs mma D=%d %s: out rel %.2e, lse max abs diff %.2e\n", d, t == BF ? "bf16" : "f16",
-                  e_out, lse_diff);
-      EXPECT_EQ(count_nonfinite(to_float(b.out, t)), 0u);
-      EXPECT_LE(e_out, t == BF ? 1e-2 : 2e-3);
-      EXPECT_LE(lse_diff, 1e-4);
+      for (const char* kind : {"wgmma", "wgmma_s2", "wgmma_pp"}) {
+        ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
+        const Result b = run_flash(pr);
+        const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
+        double lse_diff = 0;
+        for (size_t i = 0; i < a.lse.size(); ++i) lse_diff = std::max(lse_diff, (double)std::abs(a.lse[i] - b.lse[i]));
+        std::printf("[flash] %s vs mma D=%d %s: out rel %.2e, lse max abs diff %.2e\n", kind, d,
+                    t == BF ? "bf16" : "f16", e_out, lse_diff);
+        EXPECT_EQ(count_nonfinite(to_float(b.out, t)), 0u);
+        EXPECT_LE(e_out, t == BF ? 1e-2 : 2e-3);
+        EXPECT_LE(lse_diff, 1e-4);
+      }
     }
   }
-  unsetenv("KESTREL_FA_FWD");
 }
 
 TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
