@@ -25,6 +25,7 @@ class CudaCachingAllocator final : public Allocator {
     Context::get(device_).policy().record_stream(a, stream);
   }
   Device device() const override { return Device::cuda(device_); }
+  int64_t release_cached() override { return Context::get(device_).policy().release_cached(); }
 
  private:
   int device_;

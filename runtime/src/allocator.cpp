@@ -59,6 +59,14 @@ Allocator& allocator_for(Device device) {
   return *it->second;
 }
 
+Allocator* installed_allocator(Device device) {
+  if (device.is_cpu()) return &allocator_for(device);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.by_device.find({static_cast<int>(device.type), device.index});
+  return it == r.by_device.end() ? nullptr : it->second;
+}
+
 void set_allocator(Device device, Allocator* allocator) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "kestrel/runtime/allocator.h"
 #include "kestrel/runtime/memory_trace.h"
 
 namespace kestrel {
@@ -20,8 +21,14 @@ std::map<std::pair<int, int>, int64_t>& budgets() {
 }  // namespace
 
 void set_memory_budget(Device device, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  budgets()[{static_cast<int>(device.type), device.index}] = bytes > 0 ? bytes : 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    budgets()[{static_cast<int>(device.type), device.index}] = bytes > 0 ? bytes : 0;
+  }
+  // A lower budget binds at once: cached segments above it go back to the device (memory in use
+  // stays; the next allocation that needs a new segment meets the ladder).
+  if (bytes > 0 && !device.is_cpu() && device_footprint(device) > bytes)
+    if (Allocator* a = installed_allocator(device)) a->release_cached();
 }
 
 int64_t memory_budget(Device device) {

@@ -199,6 +199,16 @@ TEST(CudaBudget, FootprintMatchesDriverAndOutOfBudgetRecovers) {
   smaller.fill_(2);
   EXPECT_EQ(keep.to_float_vector()[12345], 3.0f);
   cuda::check_allocator_invariants(0);
+  // Lowering the budget under the footprint returns the cached segments at once.
+  smaller = Tensor();
+  set_memory_budget(kGpu, 0);
+  {
+    Tensor t = Tensor::empty({512 * MiB}, DType::U8, kGpu);
+  }
+  const int64_t cached_fp = device_footprint(kGpu);
+  set_memory_budget(kGpu, cached_fp - 256 * MiB);
+  EXPECT_LE(device_footprint(kGpu), cached_fp - 512 * MiB) << "the cached 512 MiB segment should be released";
+  expect_exact("after lowering the budget");
   set_memory_budget(kGpu, 0);
 }
 

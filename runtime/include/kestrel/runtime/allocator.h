@@ -31,6 +31,8 @@ class Allocator {
   // Tells the allocator that `a` is used on `stream` too (its free must wait for that stream).
   virtual void record_stream(const Allocation& a, StreamHandle stream) {}
   virtual Device device() const = 0;
+  // Returns cached (free) memory to the device; bytes released. CPU: nothing is cached.
+  virtual int64_t release_cached() { return 0; }
 };
 
 // The allocator that serves a device (CPU: an aligned malloc; CUDA: the installed caching allocator).
@@ -38,5 +40,7 @@ Allocator& allocator_for(Device device);
 // Replaces the allocator for a device (not owned; must outlive all allocations made through it).
 // Used by the CUDA backend and by tests that install simulated allocators.
 void set_allocator(Device device, Allocator* allocator);
+// The allocator installed for a device, or nullptr (CPU: the default one).
+Allocator* installed_allocator(Device device);
 
 }  // namespace kestrel

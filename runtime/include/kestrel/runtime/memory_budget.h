@@ -46,8 +46,9 @@ class OutOfBudget : public Error {
   OutOfBudgetReport report_;
 };
 
-// Sets the budget of a device (<= 0 removes it). Takes effect at the next allocation that needs a
-// new segment; lowering it below the current footprint does not free anything in use.
+// Sets the budget of a device (<= 0 removes it). Lowering it below the current footprint releases
+// the allocator's cached segments at once; memory in use stays, and the next allocation that needs
+// a new segment meets the budget ladder.
 void set_memory_budget(Device device, int64_t bytes);
 int64_t memory_budget(Device device);  // 0 when none
 // The device footprint as the runtime accounts it: reserved + external (memory_trace(device)).
