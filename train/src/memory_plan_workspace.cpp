@@ -84,9 +84,15 @@ int64_t cuda_attention_backward_workspace_bytes(int64_t tokens, int64_t heads, i
   return cuda_block_bytes(align256(rows * head_dim * 4) + 2 * align256(rows * 4));
 }
 
+// ops/cuda/norm_backward.cu: G = min(rows, resident blocks) <= 8 per SM partial rows [G, C] f32 per
+// weight-like gradient (rms_norm: dw; layer_norm: dw, db), then ops/cuda/column_sum.cu reduces them
+// with a [slabs, C] f32 partial (slabs <= G / 32) while they are alive. An upper bound: the kernel's
+// residency (2-8 blocks per SM) is a property of its register use, not of the shape.
 int64_t cuda_norm_backward_workspace_bytes(int64_t rows, int64_t channels, int vectors) {
-  const int64_t g = std::min<int64_t>(rows, 132 * 4);
-  return vectors * cuda_block_bytes(g * channels * 4);
+  constexpr int64_t kSms = 132, kMaxBlocksPerSm = 8, kColumnSumRowsPerSlab = 8 * 4;
+  const int64_t g = std::min<int64_t>(rows, kSms * kMaxBlocksPerSm);
+  const int64_t slabs = g / kColumnSumRowsPerSlab;
+  return vectors * cuda_block_bytes(g * channels * 4) + (slabs > 1 ? cuda_block_bytes(slabs * channels * 4) : 0);
 }
 
 }  // namespace kestrel::train::plan_detail
