@@ -14,6 +14,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
+#include "kestrel/train/vlm_data.h"
 
 namespace kestrel::train {
 namespace {
@@ -63,6 +64,21 @@ TEST(Prefetch, ErrorsReachTheConsumerForTheirIndex) {
     EXPECT_THROW(p.get(7), Error);  // retried, fails again
     expect_batch(p, 8);
     expect_batch(p, 9);
+  }
+}
+
+TEST(Prefetch, HostBatchesCarryPixelsInTheModelDtype) {
+  // Pixels are rounded to bf16 / f16 on the host (so they travel and live on the device at 2 bytes);
+  // the values must equal the runtime's own cast of the f32 pixels.
+  ShapesConfig sc;
+  sc.image_size = 16;
+  sc.seed = 5;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    ShapesVlmData data(sc, 4, Device::cpu(), dt);
+    models::VlmBatch b = data.batch(3, 2);
+    EXPECT_EQ(b.pixel_values.dtype(), dt);
+    Tensor ref = data.pixels(3, 2);  // Tensor::from_vector(f32 values, dtype)
+    EXPECT_EQ(b.pixel_values.to_float_vector(), ref.to_float_vector()) << dtype_name(dt);
   }
 }
 

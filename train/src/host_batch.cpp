@@ -6,6 +6,16 @@
 
 namespace kestrel::train {
 
+HostArray host_floats(const std::vector<float>& values, Shape shape, DType dtype) {
+  if (dtype == DType::F32) return host_array(values, std::move(shape), dtype);
+  KESTREL_CHECK(dtype == DType::BF16 || dtype == DType::F16, "host_batch", "float arrays are f32, bf16 or f16, got ",
+                dtype_name(dtype));
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    bits[i] = dtype == DType::BF16 ? float_to_bf16_bits(values[i]) : float_to_f16_bits(values[i]);
+  return host_array(bits, std::move(shape), dtype);
+}
+
 void add_packed_layout(HostBatch& b, const std::vector<int64_t>& lengths) {
   KESTREL_CHECK(!lengths.empty(), "host_batch", "no documents");
   std::vector<int64_t> pos;

@@ -32,8 +32,8 @@ std::vector<uint8_t> resize_nearest(const Image& img, int64_t S) {
   return out;
 }
 
-HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, std::vector<float> pixel_values, int64_t S,
-                              int64_t tokens_per_image) {
+HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, const std::vector<float>& pixel_values,
+                              int64_t S, int64_t tokens_per_image, DType pixel_dtype) {
   ByteTokenizer tok;
   std::vector<int64_t> ids, labels, img_pos, lengths;
   for (const std::string& caption : captions) {
@@ -56,7 +56,7 @@ HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, std::vec
   b.tokens = T;
   b.arrays.push_back(host_array(ids, {T}, DType::I64));
   b.arrays.push_back(host_array(labels, {T}, DType::I64));
-  b.arrays.push_back(host_array(pixel_values, {count, 3, S, S}, DType::F32));
+  b.arrays.push_back(host_floats(pixel_values, {count, 3, S, S}, pixel_dtype));
   b.arrays.push_back(host_array(img_pos, {static_cast<int64_t>(img_pos.size())}, DType::I64));
   add_packed_layout(b, lengths);
   return b;
@@ -120,7 +120,8 @@ HostBatch ImageTextData::host_batch(uint64_t first, int64_t count) const {
   }
   std::vector<const uint8_t*> ptrs;
   for (auto& im : images) ptrs.push_back(im.data());
-  return make_vlm_host_batch(captions, normalize_images(ptrs, image_size_), image_size_, tokens_per_image_);
+  return make_vlm_host_batch(captions, normalize_images(ptrs, image_size_), image_size_, tokens_per_image_,
+                             pixel_dtype_);
 }
 
 models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
@@ -158,7 +159,7 @@ HostBatch ShapesVlmData::host_batch(uint64_t first, int64_t count) const {
     ptrs.push_back(imgs[b].data());
   }
   return make_vlm_host_batch(captions, normalize_images(ptrs, dataset_.image_size()), dataset_.image_size(),
-                             tokens_per_image_);
+                             tokens_per_image_, pixel_dtype_);
 }
 
 models::VlmBatch ShapesVlmData::batch(uint64_t first, int64_t count) const {

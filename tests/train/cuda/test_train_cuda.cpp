@@ -1,7 +1,7 @@
 // The trainer on the GPU: batches prepared on the prefetch thread, staged in pinned memory and
 // copied on the H2D stream arrive intact and in order for compute-stream work issued right after
-// get() (large arrays, so a missing event wait would read the previous batch's block); a short VLM
-// run gives the same losses with prefetching as without.
+// get() (large arrays, so a missing event wait would read the previous batch's block); a short bf16
+// VLM run gives the same losses with prefetching as without.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,7 +63,7 @@ std::vector<double> run_losses(const std::string& dir, int64_t prefetch) {
                {"data", {{"image_size", 16}, {"eval_samples", 4}}},
                {"train", {{"steps", 8}, {"batch_size", 16}, {"grad_accum", 2}, {"lr", 3e-3}, {"warmup_steps", 2}}},
                {"device", "cuda"},
-               {"precision", "f32"},
+               {"precision", "bf16"},  // attention on CUDA is bf16/f16 only
                {"prefetch", prefetch},
                {"log_every", 1000},
                {"out_dir", dir}};
@@ -87,8 +87,9 @@ TEST(TrainerCuda, PrefetchingLeavesTheLossesUnchanged) {
   std::vector<double> inline_run = run_losses(base + "_inline", 0), prefetched = run_losses(base + "_prefetch", 3);
   ASSERT_EQ(inline_run.size(), 8u);
   ASSERT_EQ(prefetched.size(), 8u);
-  // f32 on the GPU: the same batches give the same losses up to reduction order.
-  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(inline_run[i], prefetched[i], 1e-4 * std::abs(inline_run[i])) << "step " << i + 1;
+  // The same batches give the same losses up to bf16 rounding and atomic reduction order (the exact
+  // contents of prefetched batches are checked above).
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(inline_run[i], prefetched[i], 2e-2 * std::abs(inline_run[i])) << "step " << i + 1;
   EXPECT_LT(inline_run.back(), inline_run.front());
 }
 

@@ -34,6 +34,10 @@ HostArray host_array(const std::vector<T>& values, Shape shape, DType dtype) {
   return a;
 }
 
+// Float values stored as `dtype` (f32, bf16 or f16; rounded to nearest even on the host, as the
+// device casts do), so a batch travels and lives on the device in the model's dtype.
+HostArray host_floats(const std::vector<float>& values, Shape shape, DType dtype);
+
 // Appends the packed layout of documents of `lengths` (positions [T] i64, cu_seqlens [docs + 1] i32)
 // to `b` and sets b.max_seqlen.
 void add_packed_layout(HostBatch& b, const std::vector<int64_t>& lengths);

@@ -19,10 +19,10 @@ namespace kestrel::train {
 // Packs records (captions + their [count, 3, S, S] pixel values) into one VLM batch.
 models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor pixel_values,
                                 int64_t tokens_per_image, Device device);
-// The same on the host: arrays input_ids [T] i64, labels [T] i64, pixel_values [count, 3, S, S] f32,
-// image_positions [count * tokens_per_image] i64, positions [T] i64, cu_seqlens [count + 1] i32.
-HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, std::vector<float> pixel_values, int64_t S,
-                              int64_t tokens_per_image);
+// The same on the host: arrays input_ids [T] i64, labels [T] i64, pixel_values [count, 3, S, S]
+// (`pixel_dtype`), image_positions [count * tokens_per_image] i64, positions [T] i64, cu_seqlens [count + 1] i32.
+HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, const std::vector<float>& pixel_values,
+                              int64_t S, int64_t tokens_per_image, DType pixel_dtype = DType::F32);
 // The VlmBatch of a host batch's device arrays (pixel values cast to `pixel_dtype`).
 models::VlmBatch vlm_batch_from(const HostBatch& b, const std::vector<Tensor>& arrays, DType pixel_dtype);
 // [H, W, 3] u8 images (each S x S) -> [count, 3, S, S] in [-1, 1] (SigLIP: (x/255 - 0.5) / 0.5).
