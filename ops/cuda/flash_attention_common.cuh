@@ -137,6 +137,29 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, in
   }
 }
 
+// The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
+// first, z = document) and the key tiles it visits; key j is visible to query i iff j <= i + off
+// (causal, bottom-right aligned).
+struct FwdTile {
+  int h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks;
+};
+template <int kBr, int kBc>
+__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
+  FwdTile t;
+  t.h = blockIdx.x;
+  t.hk = t.h / (p.num_heads_q / p.num_heads_kv);
+  const int doc = blockIdx.z;
+  t.q_start = p.cu_seqlens_q[doc];
+  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
+  t.k_start = p.cu_seqlens_k[doc];
+  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
+  t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  t.off = t.len_k - t.len_q;
+  const int n_end = p.causal ? min(t.len_k, t.m0 + kBr + t.off) : t.len_k;
+  t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
+  return t;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

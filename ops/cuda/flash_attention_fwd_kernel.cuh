@@ -30,18 +30,9 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const int h = blockIdx.x;
-  const int doc = blockIdx.z;
-  const int m_block = gridDim.y - 1 - blockIdx.y;  // heaviest (causal) tiles launch first
-  const int q_start = p.cu_seqlens_q[doc], len_q = p.cu_seqlens_q[doc + 1] - q_start;
-  const int k_start = p.cu_seqlens_k[doc], len_k = p.cu_seqlens_k[doc + 1] - k_start;
-  const int m0 = m_block * kBr;
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
   if (m0 >= len_q) return;
-  const int hk = h / (p.num_heads_q / p.num_heads_kv);
   const int D = p.head_dim;
-  const int off = len_k - len_q;  // key j visible to query i iff j <= i + off (causal)
-  const int n_end = p.causal ? min(len_k, m0 + kBr + off) : len_k;
-  const int n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);

@@ -4,8 +4,7 @@
 // Kernels (KESTREL_FA_FWD, read on every call so one benchmark process can A/B them), for padded
 // head dims 64 and 128: "wgmma" (default) the Hopper wgmma kernel
 // (flash_attention_fwd_wgmma_kernel.cuh) with 3-deep K/V rings, "wgmma_s2" the same with 2-deep
-// rings, "wgmma_pp" the staggered two-warpgroup kernel (flash_attention_fwd_wgmma_pp_kernel.cuh),
-// "mma" the mma.sync kernel (flash_attention_fwd_kernel.cuh), which also runs head dim 256.
+// rings, "mma" the mma.sync kernel (flash_attention_fwd_kernel.cuh), which also runs head dim 256.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -50,14 +49,13 @@ int padded_head_dim(int head_dim) {
   return padded;
 }
 
-enum class FwdKernel { Mma, Wgmma, WgmmaTwoStage, WgmmaPingPong };
+enum class FwdKernel { Mma, Wgmma, WgmmaTwoStage };
 FwdKernel fwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_FWD");
   if (!e || !*e || std::strcmp(e, "wgmma") == 0) return FwdKernel::Wgmma;
   if (std::strcmp(e, "mma") == 0) return FwdKernel::Mma;
   if (std::strcmp(e, "wgmma_s2") == 0) return FwdKernel::WgmmaTwoStage;
-  if (std::strcmp(e, "wgmma_pp") == 0) return FwdKernel::WgmmaPingPong;
-  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_FWD must be mma, wgmma, wgmma_s2 or wgmma_pp, got '", e, "'");
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_FWD must be mma, wgmma or wgmma_s2, got '", e, "'");
   return FwdKernel::Wgmma;
 }
 
@@ -70,11 +68,6 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   const int d = fa::padded_head_dim(p.head_dim);
   const bool bf = p.dtype == AttnDType::BF16;
   const fa::FwdKernel kind = fa::fwd_kernel_choice();
-  if ((d == 64 || d == 128) && kind == fa::FwdKernel::WgmmaPingPong) {
-    if (d == 64) bf ? fa::launch_fwd_wgmma_pp<__nv_bfloat16, 64>(p, stream) : fa::launch_fwd_wgmma_pp<__half, 64>(p, stream);
-    else bf ? fa::launch_fwd_wgmma_pp<__nv_bfloat16, 128>(p, stream) : fa::launch_fwd_wgmma_pp<__half, 128>(p, stream);
-    return;
-  }
   if ((d == 64 || d == 128) && kind != fa::FwdKernel::Mma) {
     const int stages = kind == fa::FwdKernel::WgmmaTwoStage ? 2 : 3;
     if (d == 64)

@@ -59,8 +59,6 @@ template <typename T, int kD>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T, int kD>  // kD 64 and 128; stages: K/V ring depth, 2 or 3
 void launch_fwd_wgmma(const FlashAttentionParams& p, int stages, cudaStream_t stream);
-template <typename T, int kD>  // staggered two-warpgroup variant (flash_attention_fwd_wgmma_pp_kernel.cuh)
-void launch_fwd_wgmma_pp(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T, int kD>
 void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream);     // 16 keys per warp (all head dims)
 template <typename T, int kD>
