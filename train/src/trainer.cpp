@@ -120,10 +120,12 @@ struct Trainer::Impl {
 
   int64_t num_params() const { return task->parameters().numel(); }
 
-  // One optimizer step; returns {mean loss over micro-batches, grad norm, tokens}.
-  std::tuple<double, double, int64_t> train_step() {
+  // One optimizer step; returns {sum of the micro-batch losses, grad norm} as f32 scalars on the
+  // device and the token count. Nothing inside the step waits for the device: the caller reads the
+  // scalars after the step's synchronisation.
+  std::tuple<Tensor, Tensor, int64_t> train_step() {
     Device dev = device;
-    double loss_sum = 0;
+    Tensor loss_sum;
     int64_t tokens = 0;
     if (!memory_profiling) {
       memory_trace(dev).clear_events();
@@ -151,9 +153,12 @@ struct Trainer::Impl {
         Tensor seed = Tensor::full(loss.shape(), 1.0 / static_cast<double>(accum), loss.dtype(), loss.device());
         autograd::backward({loss}, {seed});
       }
-      loss_sum += loss.item();
+      if (loss_sum.defined())
+        add_into(loss_sum, loss.detach());
+      else
+        loss_sum = loss.detach().to(DType::F32).clone();
     }
-    double gnorm;
+    Tensor gnorm;
     {
       PhaseScope ph(dev, "optimizer");
       TagScope tag(MemoryTag::OptimizerState);
@@ -161,12 +166,12 @@ struct Trainer::Impl {
       std::vector<Tensor> grads;
       for (auto& [name, p] : task->parameters().items())
         if (p->grad().defined()) grads.push_back(p->grad());
-      gnorm = clip_grad_norm(grads, grad_clip);
+      gnorm = clip_grad_norm_device(grads, grad_clip);
       optim->step(schedule.at(step + 1));
       task->parameters().zero_grad();
     }
     ++step;
-    return {loss_sum / static_cast<double>(accum), gnorm, tokens};
+    return {loss_sum, gnorm, tokens};
   }
 
   std::string memory_line() const {
@@ -254,10 +259,10 @@ TrainSummary Trainer::run() {
   const double peak_flops = I.device.is_cuda() ? 989e12 : 0.0;
   while (I.step < I.total_steps) {
     auto t0 = std::chrono::steady_clock::now();
-    double loss, gnorm;
+    Tensor loss_t, gnorm_t;
     int64_t tokens;
     try {
-      std::tie(loss, gnorm, tokens) = I.train_step();
+      std::tie(loss_t, gnorm_t, tokens) = I.train_step();
     } catch (const OutOfBudget& e) {
       // The report goes next to the run; earlier checkpoints stay as they are.
       I.write_memory_report(e.what());
@@ -268,6 +273,7 @@ TrainSummary Trainer::run() {
     }
     synchronize(I.device);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double loss = loss_t.item() / static_cast<double>(I.accum), gnorm = gnorm_t.item();
     if (sum.steps == 0) sum.first_loss = loss;
     sum.last_loss = loss;
     sum.steps++;
