@@ -48,7 +48,7 @@ struct Trainer::Impl {
   std::unique_ptr<BatchPrefetcher> prefetcher;
   int64_t step = 0;             // completed steps
   uint64_t data_position = 0;   // index of the next micro-batch the model consumes
-  std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries applied
+  std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries left in the config
   int64_t batch_size, accum, total_steps;
   double grad_clip;
   std::string out_dir;
@@ -71,7 +71,10 @@ struct Trainer::Impl {
     device = dev == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev);
     if (device.is_cuda())
       KESTREL_CHECK(cuda_available(), "train", "device ", device.str(), " requested but no CUDA device is available");
-    device_overrides = apply_device_overrides(cfg, device.is_cuda());
+    // on_cpu / on_cuda are applied by whoever resolves the config (kestrel-train, before its --set);
+    // here they are only reported, so a config means the same run to the trainer and the planner.
+    for (const char* k : {"on_cpu", "on_cuda"})
+      if (!cfg[k].empty()) device_overrides.push_back(std::string(k) + " " + cfg[k].dump());
     std::string prec = cfg["precision"];
     dtype = prec == "auto" ? (device.is_cuda() ? DType::BF16 : DType::F32) : parse_dtype(prec);
     KESTREL_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "train",
@@ -249,7 +252,8 @@ TrainSummary Trainer::run() {
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
                 static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
   I.log(buf);
-  for (const std::string& o : I.device_overrides) I.log(std::string("on_") + (I.device.is_cuda() ? "cuda" : "cpu") + ": " + o);
+  for (const std::string& o : I.device_overrides)
+    I.log("not applied (apply_device_overrides does that; kestrel-train calls it): " + o);
   const int64_t sample_every = I.cfg["sample_every"], sample_count = I.cfg["sample_count"];
   TrainSummary sum;
   auto t_run = std::chrono::steady_clock::now();

@@ -22,7 +22,8 @@ void apply_override(nlohmann::json& config, const std::string& assignment);
 // Per-device settings: "on_cpu" / "on_cuda" hold dotted overrides ({"train.steps": 500}) applied
 // when the run's device is the CPU / a GPU (a CPU schedule for the quickstart, say). Applies the
 // device's entries, empties both objects, then re-applies `sets` (the command line's --set, which
-// win). Returns the assignments applied. The Trainer calls it too (no-op once emptied).
+// win). Returns the assignments applied. kestrel-train calls it; the Trainer does not (it logs
+// entries left in its config), so the trainer and the memory planner see the same run.
 std::vector<std::string> apply_device_overrides(nlohmann::json& config, bool on_cuda,
                                                 const std::vector<std::string>& sets = {});
 
