@@ -41,6 +41,11 @@ struct Args {
 json load_config(const Args& a) {
   json cfg = train::resolve_train_config(models::read_json_file(a.config, "config"), a.config);
   for (const std::string& s : a.sets) train::apply_override(cfg, s);
+  // The device's on_cpu / on_cuda settings as kestrel-train applies them (then --set again), so the
+  // plan and the profile describe the run that trains.
+  const std::string dev = cfg["device"];
+  const bool on_cuda = dev == "auto" ? cuda_available() : parse_device(dev).is_cuda();
+  train::apply_device_overrides(cfg, on_cuda, a.sets);
   return cfg;
 }
 

@@ -411,18 +411,18 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
 
   // The batch (train/src/batch_prefetcher.cpp). On the CPU its arrays view the prefetcher's host
   // memory (not counted). On CUDA they are device copies (Activation, label "data"): ids, labels,
-  // positions [T] i64, cu_seqlens, and for the VLM pixels [B, 3, S, S] f32 and image slots [Ti] i64;
-  // with prefetch on, the next micro-batch is uploaded as the step starts, so two batches are live.
-  // The f32 pixels die with the forward. The VLM casts the pixels to the model dtype (vlm_data.cpp).
+  // positions [T] i64, cu_seqlens, and for the VLM pixels [B, 3, S, S] already in the model dtype
+  // (made so on the host, vlm_data.cpp) and image slots [Ti] i64; with prefetch on, the next
+  // micro-batch is uploaded as the step starts, so two batches are live. The step's pixels die
+  // with the forward.
   const int64_t S = mc.vision_config.image_size;
   auto block = [&](int64_t bytes) { return on_cuda ? cuda_block_bytes(bytes) : bytes; };
-  const int64_t pixels_f32 = on_cuda && vlm ? block(B * 3 * S * S * 4) : 0;
+  const int64_t pixels = on_cuda && vlm ? block(B * 3 * S * S * b) : 0;
   const int64_t batch_bytes =
-      on_cuda ? 3 * block(T * 8) + block((B + 1) * 4) + (vlm ? pixels_f32 + block(s.Ti * 8) : 0) : 0;
+      on_cuda ? 3 * block(T * 8) + block((B + 1) * 4) + (vlm ? pixels + block(s.Ti * 8) : 0) : 0;
   const int64_t batches = on_cuda && cfg.value("prefetch", 0) > 0 ? 2 : 1;
-  const int64_t pixel_cast = vlm && dtype != DType::F32 ? block(B * 3 * S * S * b) : 0;
   L.where = "data";
-  L.alloc(kAct, batches * batch_bytes + pixel_cast);
+  L.alloc(kAct, batches * batch_bytes);
 
   // ---- forward ----
   const bool regions = policy != RecomputePolicy::None;
@@ -478,7 +478,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
               : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
   L.alloc(MemoryTag::Workspace, ce_forward);
   L.free(MemoryTag::Workspace, ce_forward);
-  L.free(kAct, pixels_f32 + pixel_cast);  // the step's batch copy of the pixels and their cast
+  L.free(kAct, pixels);  // the step's batch copy of the pixels
 
   // ---- backward ----
   L.where = "backward: loss";
@@ -546,7 +546,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // ---- optimizer ----
   L.where = "optimizer";
   L.free(kGrad, L.cur[static_cast<int>(kGrad)]);  // zero_grad
-  L.free(kAct, batches * batch_bytes - pixels_f32);
+  L.free(kAct, batches * batch_bytes - pixels);
 
   plan.tag_peak = L.peak;
   plan.peak = L.peak_in_use;
