@@ -15,6 +15,7 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "kestrel/train/vlm_data.h"
+#include "trainer_fixtures.h"
 
 namespace kestrel::train {
 namespace {
@@ -83,41 +84,11 @@ TEST(Prefetch, HostBatchesCarryPixelsInTheModelDtype) {
 }
 
 json tiny_run(const std::string& out_dir, int64_t steps, int64_t prefetch) {
-  json model = {
-      {"model_type", "kestrel_vlm"},
-      {"image_token_id", 259},
-      {"pixel_shuffle_factor", 2},
-      {"projector_hidden_size", 32},
-      {"vision_config",
-       {{"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
-        {"image_size", 16}, {"patch_size", 4}}},
-      {"text_config",
-       {{"model_type", "qwen2"}, {"vocab_size", 260}, {"hidden_size", 32}, {"intermediate_size", 64},
-        {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-        {"tie_word_embeddings", true}}}};
-  json user = {{"model", {{"config", model}}},
-               {"data", {{"image_size", 16}, {"eval_samples", 4}}},
-               {"train", {{"steps", steps}, {"batch_size", 3}, {"grad_accum", 2}, {"lr", 3e-3}, {"warmup_steps", 2}}},
-               {"device", "cpu"},
-               {"prefetch", prefetch},
-               {"log_every", 1000},
-               {"out_dir", out_dir}};
-  return resolve_train_config(user, "test");
+  return testing::tiny_vlm_run(out_dir, {{"steps", steps}, {"batch_size", 3}, {"grad_accum", 2}},
+                               {{"prefetch", prefetch}});
 }
-
-std::vector<double> losses(const std::string& out_dir) {
-  std::vector<double> l;
-  std::ifstream f(out_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) l.push_back(json::parse(line)["loss"].get<double>());
-  return l;
-}
-
-std::string tmp(const std::string& n) {
-  fs::path p = fs::temp_directory_path() / ("kestrel_prefetch_" + n + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::vector<double> losses(const std::string& out_dir) { return testing::metric_losses(out_dir); }
+std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_prefetch", n); }
 
 TEST(Prefetch, ResumeIsExactWithPrefetching) {
   const std::string a = tmp("inline"), b = tmp("prefetched");

@@ -11,6 +11,7 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "support/gpu.h"
+#include "../trainer_fixtures.h"
 
 namespace kestrel::train {
 namespace {
@@ -47,36 +48,17 @@ TEST(PrefetchCuda, BatchesArriveBeforeComputeReadsThem) {
 }
 
 std::vector<double> run_losses(const std::string& dir, int64_t prefetch) {
-  json model = {
-      {"model_type", "kestrel_vlm"},
-      {"image_token_id", 259},
-      {"pixel_shuffle_factor", 2},
-      {"projector_hidden_size", 32},
-      {"vision_config",
-       {{"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
-        {"image_size", 16}, {"patch_size", 4}}},
-      {"text_config",
-       {{"model_type", "qwen2"}, {"vocab_size", 260}, {"hidden_size", 64}, {"intermediate_size", 128},
-        {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-        {"tie_word_embeddings", true}}}};
-  json user = {{"model", {{"config", model}}},
-               {"data", {{"image_size", 16}, {"eval_samples", 4}}},
-               {"train", {{"steps", 8}, {"batch_size", 16}, {"grad_accum", 2}, {"lr", 3e-3}, {"warmup_steps", 2}}},
-               {"device", "cuda"},
-               {"precision", "bf16"},  // attention on CUDA is bf16/f16 only
-               {"prefetch", prefetch},
-               {"log_every", 1000},
-               {"out_dir", dir}};
+  // bf16: attention on CUDA runs in bf16/f16 only.
+  const json cfg = testing::tiny_vlm_run(dir, {{"steps", 8}, {"batch_size", 16}, {"grad_accum", 2}},
+                                         {{"device", "cuda"}, {"precision", "bf16"}, {"prefetch", prefetch}},
+                                         /*vision_hidden=*/32, /*text_hidden=*/64);
   fs::remove_all(dir);
   {
-    Trainer t(resolve_train_config(user, "test"));
+    Trainer t(cfg);
     t.set_log_callback([](const std::string&) {});
     t.run();
   }
-  std::vector<double> l;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) l.push_back(json::parse(line)["loss"].get<double>());
+  std::vector<double> l = testing::metric_losses(dir);
   fs::remove_all(dir);
   return l;
 }

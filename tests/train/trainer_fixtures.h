@@ -1,0 +1,65 @@
+// Shared set-up of the trainer tests (CPU and GPU binaries): a tiny VLM run on the embedded shapes
+// data, the per-step losses a run wrote to metrics.jsonl, and a fresh temporary folder per process.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kestrel/train/train_config.h"
+
+namespace kestrel::train::testing {
+
+// A resolved config: a 1-layer VLM (vision width `vision_hidden`, text width `text_hidden`, MLPs
+// twice as wide), 16-pixel images, CPU, lr 3e-3 with 2 warm-up steps. `train` entries (steps,
+// batch_size, grad_accum, ...) and top-level `extra` entries (device, precision, prefetch, ...)
+// override the defaults.
+inline nlohmann::json tiny_vlm_run(const std::string& out_dir, const nlohmann::json& train,
+                                   const nlohmann::json& extra = nlohmann::json::object(), int64_t vision_hidden = 16,
+                                   int64_t text_hidden = 32) {
+  nlohmann::json model = {
+      {"model_type", "kestrel_vlm"},
+      {"image_token_id", 259},
+      {"pixel_shuffle_factor", 2},
+      {"projector_hidden_size", 32},
+      {"vision_config",
+       {{"hidden_size", vision_hidden}, {"intermediate_size", 2 * vision_hidden}, {"num_hidden_layers", 1},
+        {"num_attention_heads", 2}, {"image_size", 16}, {"patch_size", 4}}},
+      {"text_config",
+       {{"model_type", "qwen2"}, {"vocab_size", 260}, {"hidden_size", text_hidden},
+        {"intermediate_size", 2 * text_hidden}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
+        {"num_key_value_heads", 1}, {"tie_word_embeddings", true}}}};
+  nlohmann::json user = {{"model", {{"config", model}}},
+                         {"data", {{"image_size", 16}, {"eval_samples", 4}}},
+                         {"train", {{"lr", 3e-3}, {"warmup_steps", 2}}},
+                         {"device", "cpu"},
+                         {"log_every", 1000},
+                         {"out_dir", out_dir}};
+  user["train"].update(train);
+  user.update(extra);
+  return resolve_train_config(user, "test");
+}
+
+// The "loss" of every line of DIR/metrics.jsonl, in order.
+inline std::vector<double> metric_losses(const std::string& out_dir) {
+  std::vector<double> l;
+  std::ifstream f(out_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return l;
+}
+
+// An empty folder path under the system temp dir, unique per test process.
+inline std::string fresh_temp_dir(const std::string& prefix, const std::string& name) {
+  std::filesystem::path p =
+      std::filesystem::temp_directory_path() / (prefix + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+}  // namespace kestrel::train::testing
