@@ -14,6 +14,7 @@
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
+#include "trainer_fixtures.h"
 
 namespace kestrel::train {
 namespace {
@@ -98,25 +99,12 @@ TEST(MemoryPlan, MatchesProfileOnSmallerModel) {
 }
 
 TEST(MemoryPlan, MatchesProfileOnDecoderTokens) {
-  std::string dir = (fs::temp_directory_path() / "kestrel_mem_d").string();
-  fs::create_directories(dir);
-  std::vector<uint32_t> toks;
-  for (int d = 0; d < 300; ++d) {
-    toks.push_back(0);
-    for (int i = 0; i < 5 + d % 11; ++i) toks.push_back(1 + static_cast<uint32_t>((d * 5 + i) % 90));
-  }
-  write_token_file(dir + "/train.bin", toks, TokenFormat::U16);
+  std::string dir = testing::fresh_temp_dir("kestrel_mem", "decoder");
   for (bool tied : {false, true}) {
     json text = {{"model_type", "qwen2"}, {"vocab_size", 96}, {"hidden_size", 64}, {"intermediate_size", 160},
                  {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                  {"tie_word_embeddings", tied}};
-    json user = {{"model", {{"type", "decoder"}, {"config", text}}},
-                 {"data", {{"type", "tokens"}, {"train_files", dir + "/train.bin"}, {"seq_len", 64}, {"doc_start_token", 0}}},
-                 {"train", {{"steps", 2}, {"batch_size", 6}}},
-                 {"device", "cpu"},
-                 {"log_every", 1000},
-                 {"out_dir", dir + "/out"}};
-    json cfg = resolve_train_config(user, "test");
+    json cfg = testing::tiny_decoder_run(dir, text, 300, 11, /*seq_len=*/64, /*batch=*/6, "cpu");
     expect_plan_matches(cfg, tied ? "decoder tied" : "decoder");
     cfg["recompute"] = "recompute";
     expect_plan_matches(cfg, tied ? "decoder tied+recompute" : "decoder+recompute");

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kestrel/train/token_file.h"
 #include "kestrel/train/train_config.h"
 
 namespace kestrel::train::testing {
@@ -52,6 +53,28 @@ inline std::vector<double> metric_losses(const std::string& out_dir) {
   std::string line;
   while (std::getline(f, line)) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
   return l;
+}
+
+// A decoder run on a generated llm.c token file DIR/train.bin: `docs` documents, each a 0 (the
+// document start) then 5 + d % `len_mod` ids in [1, vocab), for the text config `text`.
+inline nlohmann::json tiny_decoder_run(const std::string& dir, const nlohmann::json& text, int docs, int len_mod,
+                                       int64_t seq_len, int64_t batch, const std::string& device) {
+  const int64_t vocab = text["vocab_size"];
+  std::filesystem::create_directories(dir);
+  std::vector<uint32_t> toks;
+  for (int d = 0; d < docs; ++d) {
+    toks.push_back(0);
+    for (int i = 0; i < 5 + d % len_mod; ++i) toks.push_back(1 + static_cast<uint32_t>((d * 7 + i) % (vocab - 6)));
+  }
+  write_token_file(dir + "/train.bin", toks, TokenFormat::U16);
+  nlohmann::json user = {
+      {"model", {{"type", "decoder"}, {"config", text}}},
+      {"data", {{"type", "tokens"}, {"train_files", dir + "/train.bin"}, {"seq_len", seq_len}, {"doc_start_token", 0}}},
+      {"train", {{"steps", 2}, {"batch_size", batch}}},
+      {"device", device},
+      {"log_every", 1000},
+      {"out_dir", dir + "/out"}};
+  return resolve_train_config(user, "test");
 }
 
 // An empty folder path under the system temp dir, unique per test process.

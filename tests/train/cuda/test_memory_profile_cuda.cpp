@@ -28,6 +28,7 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "support/gpu.h"
+#include "../trainer_fixtures.h"
 
 namespace kestrel::train {
 namespace {
@@ -123,25 +124,12 @@ TEST(MemoryPlanCuda, MatchesProfileOnSmallerVlm) {
 
 TEST(MemoryPlanCuda, MatchesProfileOnDecoderTokens) {
   KESTREL_REQUIRE_GPU();
-  const std::string dir = (fs::temp_directory_path() / "kestrel_mem_cuda_d").string();
-  fs::create_directories(dir);
-  std::vector<uint32_t> toks;
-  for (int d = 0; d < 400; ++d) {
-    toks.push_back(0);
-    for (int i = 0; i < 5 + d % 13; ++i) toks.push_back(1 + static_cast<uint32_t>((d * 7 + i) % 250));
-  }
-  write_token_file(dir + "/train.bin", toks, TokenFormat::U16);
+  const std::string dir = testing::fresh_temp_dir("kestrel_mem_cuda", "decoder");
   for (bool tied : {false, true}) {
     json text = {{"model_type", "qwen2"}, {"vocab_size", 256}, {"hidden_size", 128}, {"intermediate_size", 352},
                  {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                  {"tie_word_embeddings", tied}};
-    json user = {{"model", {{"type", "decoder"}, {"config", text}}},
-                 {"data", {{"type", "tokens"}, {"train_files", dir + "/train.bin"}, {"seq_len", 128}, {"doc_start_token", 0}}},
-                 {"train", {{"steps", 2}, {"batch_size", 8}}},
-                 {"device", "cuda"},
-                 {"log_every", 1000},
-                 {"out_dir", dir + "/out"}};
-    json cfg = resolve_train_config(user, "test");
+    json cfg = testing::tiny_decoder_run(dir, text, 400, 13, /*seq_len=*/128, /*batch=*/8, "cuda");
     const std::string name = tied ? "decoder (tied), 8 x 128 tokens" : "decoder, 8 x 128 tokens";
     expect_plan_matches(cfg, name);
     cfg["recompute"] = "recompute";
