@@ -37,22 +37,7 @@ json quickstart(const std::string& out_dir, int64_t steps) {
 }
 
 // A profiled run of the trainer, as kestrel-mem profile does it.
-MemoryProfile profile_run(const json& cfg) {
-  MemoryTrace& trace = memory_trace(Device::cpu());
-  trace.clear_events();
-  MemorySnapshot start = trace.snapshot();
-  trace.set_event_logging(true, 1u << 22);
-  {
-    Trainer t(cfg);
-    t.set_memory_profiling(true);
-    t.set_log_callback([](const std::string&) {});
-    t.run();
-  }
-  trace.set_event_logging(false);
-  MemoryProfile p = analyze_memory(trace.events(), start, trace.snapshot());
-  trace.clear_events();
-  return p;
-}
+MemoryProfile profile_run(const json& cfg) { return testing::profile_trainer_run(cfg, Device::cpu()); }
 
 void expect_plan_matches(const json& cfg, const char* what) {
   PlanOptions po;

@@ -23,6 +23,7 @@
 #include "kestrel/train/pickle_writer.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
+#include "trainer_fixtures.h"
 
 namespace kestrel::train {
 namespace {
@@ -274,7 +275,6 @@ TEST(MemoryViz, ProfiledRunReplaysToTheProfilePeakAndNamesWhoAllocated) {
   cfg["device"] = "cpu";
   cfg["log_every"] = 1000;
   cfg["out_dir"] = dir;
-  MemoryTrace& trace = memory_trace(Device::cpu());
   // A block that exists before the log and survives it, and one freed inside it.
   Tensor kept, dropped;
   {
@@ -282,19 +282,8 @@ TEST(MemoryViz, ProfiledRunReplaysToTheProfilePeakAndNamesWhoAllocated) {
     kept = Tensor::empty({3000}, DType::F32, Device::cpu());
     dropped = Tensor::empty({1000}, DType::F32, Device::cpu());
   }
-  trace.clear_events();
-  MemorySnapshot start = trace.snapshot();
-  trace.set_event_logging(true, 1u << 22);
-  dropped = Tensor();
-  {
-    Trainer t(cfg);
-    t.set_memory_profiling(true);
-    t.set_log_callback([](const std::string&) {});
-    t.run();
-  }
-  trace.set_event_logging(false);
-  MemoryProfile p = analyze_memory(trace.events(), start, trace.snapshot());
-  trace.clear_events();
+  const int64_t in_use_at_start = memory_trace(Device::cpu()).snapshot().in_use;  // what the log's start sees
+  MemoryProfile p = testing::profile_trainer_run(cfg, Device::cpu(), {}, [&] { dropped = Tensor(); });
   ASSERT_FALSE(p.viz.empty());
   write_memory_profile(p, dir);
   std::ifstream f(dir + "/memory_snapshot.pickle", std::ios::binary);
@@ -306,7 +295,7 @@ TEST(MemoryViz, ProfiledRunReplaysToTheProfilePeakAndNamesWhoAllocated) {
   ASSERT_TRUE(snap.contains("segments") && snap.contains("device_traces"));
   ASSERT_EQ(snap["device_traces"].size(), 1u);
   std::set<std::string> labels;
-  const int64_t peak = replay_peak(snap, 0, start.in_use, &labels);
+  const int64_t peak = replay_peak(snap, 0, in_use_at_start, &labels);
   EXPECT_EQ(peak, p.peak_in_use) << "the snapshot's allocations rebuild the profile's peak";
   // Who allocated: module labels with their tags, parameters by name, optimizer state.
   auto has = [&](const std::string& needle) {
@@ -324,7 +313,7 @@ TEST(MemoryViz, ProfiledRunReplaysToTheProfilePeakAndNamesWhoAllocated) {
   int64_t pre = 0;
   for (const json& s : snap["segments"])
     if (s["blocks"][0]["frames"][0]["filename"] == "(allocated before the trace started)") pre += s["total_size"].get<int64_t>();
-  EXPECT_EQ(pre, start.in_use - 4000) << "kept (12000 B) and whatever else was live before, minus dropped";
+  EXPECT_EQ(pre, in_use_at_start - 4000) << "kept (12000 B) and whatever else was live before, minus dropped";
   // Phases: forward, backward and the recompute regions appear as second frames (the optimizer
   // phase allocates nothing on the CPU: AdamW's state exists from the start, zero_grad only frees).
   std::set<std::string> phases;
@@ -353,7 +342,7 @@ for e in d['device_traces'][0]:
 assert peak == int(sys.argv[3]), (peak, sys.argv[3])
 print('python3 pickle check ok:', len(d['device_traces'][0]), 'entries, peak', peak)
 )";
-    const std::string cmd = "python3 " + script + " " + dir + "/memory_snapshot.pickle " + std::to_string(start.in_use) +
+    const std::string cmd = "python3 " + script + " " + dir + "/memory_snapshot.pickle " + std::to_string(in_use_at_start) +
                             " " + std::to_string(p.peak_in_use);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }

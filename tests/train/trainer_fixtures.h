@@ -6,13 +6,17 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "kestrel/runtime/memory_trace.h"
+#include "kestrel/train/memory_profile.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/train_config.h"
+#include "kestrel/train/trainer.h"
 
 namespace kestrel::train::testing {
 
@@ -75,6 +79,27 @@ inline nlohmann::json tiny_decoder_run(const std::string& dir, const nlohmann::j
       {"log_every", 1000},
       {"out_dir", dir + "/out"}};
   return resolve_train_config(user, "test");
+}
+
+// A profiled run of the trainer on `device`, as kestrel-mem profile does it. `after_start` runs
+// once event logging is on, before the trainer exists (a test may free something there).
+inline MemoryProfile profile_trainer_run(const nlohmann::json& cfg, Device device, const ProfileOptions& po = {},
+                                         const std::function<void()>& after_start = {}) {
+  MemoryTrace& trace = memory_trace(device);
+  trace.clear_events();
+  MemorySnapshot start = trace.snapshot();
+  trace.set_event_logging(true, 1u << 22);
+  if (after_start) after_start();
+  {
+    Trainer t(cfg);
+    t.set_memory_profiling(true);
+    t.set_log_callback([](const std::string&) {});
+    t.run();
+  }
+  trace.set_event_logging(false);
+  MemoryProfile p = analyze_memory(trace.events(), start, trace.snapshot(), po);
+  trace.clear_events();
+  return p;
 }
 
 // An empty folder path under the system temp dir, unique per test process.

@@ -52,22 +52,9 @@ json quickstart(const std::string& out_dir, int64_t steps, int64_t batch) {
 }
 
 MemoryProfile profile_run(const json& cfg) {
-  MemoryTrace& trace = memory_trace(kGpu);
-  trace.clear_events();
-  MemorySnapshot start = trace.snapshot();
-  trace.set_event_logging(true, 1u << 22);
-  {
-    Trainer t(cfg);
-    t.set_memory_profiling(true);
-    t.set_log_callback([](const std::string&) {});
-    t.run();
-  }
-  trace.set_event_logging(false);
   ProfileOptions po;
   po.viz = false;
-  MemoryProfile p = analyze_memory(trace.events(), start, trace.snapshot(), po);
-  trace.clear_events();
-  return p;
+  return testing::profile_trainer_run(cfg, kGpu, po);
 }
 
 void expect_plan_matches(const json& cfg, const std::string& what) {
