@@ -9,6 +9,7 @@
 
 #include "kestrel/models/config.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/tensor.h"
 #include "kestrel/train/memory_plan.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/memory_profile.h"
@@ -122,6 +123,54 @@ void expect_type(const json& v, json::value_t want, const std::string& path) {
             (want == json::value_t::number_integer && v.type() == json::value_t::number_unsigned) ||
             (want == json::value_t::number_float && v.is_number());
   EXPECT_TRUE(ok) << path << " is " << v.type_name();
+}
+
+// The report every OutOfBudget leaves (also the one kestrel-train writes when the model does not
+// fit while it is built): per-tag bytes equal to the trace's, the report text, and the profile files
+// built from the events logged since the start snapshot.
+TEST(MemoryProfile, OutOfBudgetReportHoldsTheTraceAndTheProfile) {
+  const std::string dir = testing::fresh_temp_dir("kestrel_mem", "oom_report");
+  MemoryTrace& trace = memory_trace(Device::cpu());
+  trace.clear_events();
+  const MemorySnapshot start = trace.snapshot();
+  trace.set_event_logging(true, 1u << 20);
+  Tensor a, b;
+  {
+    TagScope tag(MemoryTag::Parameter);
+    MemoryLabelScope label("model.layer.0");
+    a = Tensor::empty({1000 + 17}, DType::F32, Device::cpu());
+    b = Tensor::empty({333}, DType::F32, Device::cpu());
+  }
+  b = Tensor();
+  const MemorySnapshot now = trace.snapshot();
+  const std::string path = write_memory_report(dir, Device::cpu(), "request 1.00 GiB over the budget", start,
+                                               {{"parameters", 1017}}, {{"source", "test"}});
+  trace.set_event_logging(false);
+  trace.clear_events();
+  std::ifstream f(path);
+  const json r = json::parse(f);
+  EXPECT_EQ(r["out_of_budget"], "request 1.00 GiB over the budget");
+  EXPECT_EQ(r["parameters"], 1017);
+  EXPECT_EQ(r["device"], "cpu");
+  const int pt = static_cast<int>(MemoryTag::Parameter);
+  EXPECT_EQ(r["tags"]["parameter"]["current"].get<int64_t>(), now.tags[pt].current);
+  EXPECT_EQ(r["tags"]["parameter"]["peak"].get<int64_t>(), now.tags[pt].peak);
+  EXPECT_EQ(r["peak_in_use"].get<int64_t>(), now.peak_in_use);
+  std::ifstream pf(dir + "/memory.json");
+  ASSERT_TRUE(pf.good()) << "the profile of the logged events";
+  const json prof = json::parse(pf);
+  EXPECT_EQ(prof["meta"]["source"], "test");
+  EXPECT_EQ(prof["meta"]["out_of_budget"], "request 1.00 GiB over the budget");
+  EXPECT_TRUE(fs::exists(dir + "/memory.html"));
+  EXPECT_TRUE(fs::exists(dir + "/memory_snapshot.pickle"));
+  // Without an OutOfBudget only the report is written.
+  const std::string quiet = testing::fresh_temp_dir("kestrel_mem", "report_only");
+  write_memory_report(quiet, Device::cpu(), "", start);
+  EXPECT_TRUE(fs::exists(quiet + "/memory_report.json"));
+  EXPECT_FALSE(fs::exists(quiet + "/memory.json"));
+  a = Tensor();
+  fs::remove_all(dir);
+  fs::remove_all(quiet);
 }
 
 TEST(MemoryProfile, JsonFollowsTheDocumentedSchemaAndHtmlHoldsTheChart) {

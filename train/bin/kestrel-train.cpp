@@ -5,13 +5,16 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kestrel/models/config.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/device.h"
+#include "kestrel/train/memory_profile.h"
 #include "kestrel/train/tokenize_text.h"
 #include "kestrel/train/tokenizer.h"
 #include "kestrel/train/train_config.h"
@@ -135,8 +138,30 @@ int main(int argc, char** argv) {
       std::printf("%s\n", cfg.dump(2).c_str());
       return 0;
     }
-    train::Trainer trainer(cfg);
-    trainer.resume(resume);
+    // Building the model and resuming can run out of the budget too: log their allocations so the
+    // report of such a failure has the same files as one inside a step.
+    const std::string dev_name = cfg["device"];
+    const Device dev = dev_name == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev_name);
+    MemoryTrace& trace = memory_trace(dev);
+    trace.clear_events();
+    const MemorySnapshot start = trace.snapshot();
+    trace.set_event_logging(true, 1u << 21);
+    std::optional<train::Trainer> built;
+    try {
+      built.emplace(cfg);
+      built->resume(resume);
+    } catch (const OutOfBudget& e) {
+      trace.set_event_logging(false);
+      const std::string out_dir = cfg["out_dir"];
+      const std::string path = train::write_memory_report(
+          out_dir, dev, e.what(), start, nlohmann::json::object(),
+          {{"source", "kestrel-train OutOfBudget while building the model or resuming"}});
+      std::fprintf(stderr, "kestrel-train: out of the memory budget before the first step:\n%s\nmemory report: %s, "
+                   "profile: %s/memory.html\n", e.what(), path.c_str(), out_dir.c_str());
+      return 3;
+    }
+    trace.set_event_logging(false);
+    train::Trainer& trainer = *built;
     if (!eval_only) {
       train::TrainSummary s = trainer.run();
       std::printf("trained %lld steps in %.1f s: loss %.4f -> %.4f (%.1f%% of start)\n", static_cast<long long>(s.steps),

@@ -287,6 +287,38 @@ json profile_to_json(const MemoryProfile& p) {
   return j;
 }
 
+std::string write_memory_report(const std::string& dir, Device device, const std::string& out_of_budget,
+                                const MemorySnapshot& log_start, const nlohmann::json& extra,
+                                const nlohmann::json& meta) {
+  MemorySnapshot s = memory_trace(device).snapshot();
+  nlohmann::json tags = nlohmann::json::object();
+  for (int t = 0; t < kNumMemoryTags; ++t)
+    tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = {{"current", s.tags[t].current}, {"peak", s.tags[t].peak}};
+  nlohmann::json report{{"device", device.str()},       {"peak_in_use", s.peak_in_use},
+                        {"peak_reserved", s.peak_reserved}, {"peak_footprint", s.peak_footprint},
+                        {"external", s.external},         {"tags", tags},
+                        {"num_allocs", s.num_allocs},     {"num_ooms", s.num_ooms},
+                        {"memory_budget", memory_budget(device)}};
+  report.update(extra);
+  if (!out_of_budget.empty()) report["out_of_budget"] = out_of_budget;
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/memory_report.json";
+  {
+    std::ofstream f(path);
+    KESTREL_CHECK(f.good(), "memory-profile", "cannot write ", path);
+    f << report.dump(2) << "\n";
+  }
+  if (!out_of_budget.empty()) {
+    ProfileOptions po;
+    po.budget = memory_budget(device);
+    MemoryProfile p = analyze_memory(memory_trace(device).events(), log_start, s, po);
+    p.meta = meta;
+    p.meta["out_of_budget"] = out_of_budget;
+    write_memory_profile(p, dir);
+  }
+  return path;
+}
+
 std::string write_memory_profile(const MemoryProfile& p, const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string jpath = dir + "/memory.json", hpath = dir + "/memory.html";

@@ -188,33 +188,12 @@ struct Trainer::Impl {
     return line + ")";
   }
 
+  // memory_report.json; after an OutOfBudget also the profile of the failing step (memory.json,
+  // memory.html, memory_snapshot.pickle), as kestrel-mem writes it.
   void write_memory_report(const std::string& oom = "") const {
-    MemorySnapshot s = memory_trace(device).snapshot();
-    json tags = json::object();
-    for (int t = 0; t < kNumMemoryTags; ++t)
-      tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = {{"current", s.tags[t].current}, {"peak", s.tags[t].peak}};
-    json report{{"device", device.str()},
-                {"peak_in_use", s.peak_in_use},
-                {"peak_reserved", s.peak_reserved},
-                {"peak_footprint", s.peak_footprint},
-                {"external", s.external},
-                {"tags", tags},
-                {"num_allocs", s.num_allocs},
-                {"num_ooms", s.num_ooms},
-                {"parameters", num_params()},
-                {"optimizer_state_bytes", optim->state_bytes()},
-                {"memory_budget", memory_budget(device)}};
-    if (!oom.empty()) report["out_of_budget"] = oom;
-    fs::create_directories(out_dir);
-    std::ofstream(out_dir + "/memory_report.json") << report.dump(2) << "\n";
-    if (!oom.empty()) {
-      // The full profile of the failing step (memory.json + memory.html), as kestrel-mem writes it.
-      ProfileOptions po;
-      po.budget = memory_budget(device);
-      MemoryProfile p = analyze_memory(memory_trace(device).events(), log_start, s, po);
-      p.meta = {{"source", "kestrel-train OutOfBudget"}, {"step", step + 1}, {"out_of_budget", oom}};
-      write_memory_profile(p, out_dir);
-    }
+    train::write_memory_report(out_dir, device, oom, log_start,
+                               {{"parameters", num_params()}, {"optimizer_state_bytes", optim->state_bytes()}},
+                               {{"source", "kestrel-train OutOfBudget"}, {"step", step + 1}});
   }
 
   EvalResult evaluate() { return task->evaluate(); }

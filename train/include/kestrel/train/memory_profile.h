@@ -110,6 +110,14 @@ std::string profile_to_html(const MemoryProfile& p);
 // (PyTorch's snapshot format: memory_viz_export.h) (creating DIR); returns the json path.
 std::string write_memory_profile(const MemoryProfile& p, const std::string& dir);
 
+// Writes DIR/memory_report.json (creating DIR): the device's per-tag current and peak bytes, peaks
+// in use / reserved / footprint, External, the budget, `extra` fields and, after an OutOfBudget,
+// its report text. With an OutOfBudget it also writes the profile of the events logged since
+// `log_start` (write_memory_profile, `meta` as the profile's meta). Returns the report's path.
+std::string write_memory_report(const std::string& dir, Device device, const std::string& out_of_budget,
+                                const MemorySnapshot& log_start, const nlohmann::json& extra = nlohmann::json::object(),
+                                const nlohmann::json& meta = nlohmann::json::object());
+
 // A plain-text summary table (per tag peak and at-peak, phases, top allocations).
 std::string profile_summary(const MemoryProfile& p);
 
