@@ -160,6 +160,15 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   return t;
 }
 
+// dst[0..1] += (x, y) as one vector reduction, issued only where `pred` holds. Predicated in PTX
+// so that no branch (and no reconvergence barrier) separates the reductions from the GEMM code
+// around them: ptxas can then interleave them with the next phase's ldmatrix/mma.
+__device__ __forceinline__ void red_add_f32x2(float* dst, float x, float y, bool pred) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n @q red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
+      "f"(x), "f"(y), "r"(static_cast<int>(pred)));
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
