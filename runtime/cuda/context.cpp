@@ -161,6 +161,9 @@ StreamGuard::StreamGuard(cudaStream_t stream, int device)
 }
 StreamGuard::~StreamGuard() { t_stream[device_] = saved_; }
 
+Event::Event() { KESTREL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+Event::~Event() { KESTREL_CUDA_CHECK_NOTHROW(cudaEventDestroy(e_)); }
+
 void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
   if (waiter == producer) return;
   cudaEvent_t e;

@@ -33,18 +33,6 @@ struct Counters {
 };
 Counters g_counters[64];
 
-class Event {
- public:
-  Event() { KESTREL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~Event() { KESTREL_CUDA_CHECK_NOTHROW(cudaEventDestroy(e_)); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_;
-};
-
 // Offload copies in flight on one device, oldest first.
 struct InFlight {
   std::mutex mu;

@@ -18,19 +18,6 @@ namespace kestrel::train {
 namespace {
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
-#if KESTREL_WITH_CUDA
-class CudaEvent {
- public:
-  CudaEvent() { KESTREL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() { KESTREL_CUDA_CHECK_NOTHROW(cudaEventDestroy(e_)); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_;
-};
-#endif
 }  // namespace
 
 struct BatchPrefetcher::Staged {
@@ -46,7 +33,7 @@ struct BatchPrefetcher::Upload {
   std::shared_ptr<Staged> staged;
   std::vector<Tensor> arrays;  // device tensors (blocks of the compute stream), being filled on H2D
 #if KESTREL_WITH_CUDA
-  CudaEvent compute_ready, copied;
+  cuda::Event compute_ready, copied;
 #endif
 };
 

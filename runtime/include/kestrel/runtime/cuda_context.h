@@ -58,6 +58,19 @@ class StreamGuard {
   cudaStream_t saved_;
 };
 
+// An owned cudaEvent_t without timing (ordering between streams and host polling only).
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 // Makes `waiter` wait (on the device) for the work submitted so far to `producer`; no host sync.
 void stream_wait(cudaStream_t waiter, cudaStream_t producer);
 
