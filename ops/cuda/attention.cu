@@ -32,6 +32,8 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
   f.softmax_scale = static_cast<float>(p.softmax_scale);
   f.causal = p.causal;
   f.dtype = q.dtype() == DType::BF16 ? cuda::AttnDType::BF16 : cuda::AttnDType::F16;
+  f.total_q = static_cast<int>(q.shape()[0]);
+  f.total_k = static_cast<int>(k.shape()[0]);
   return f;
 }
 

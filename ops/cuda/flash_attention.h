@@ -36,6 +36,9 @@ struct FlashAttentionParams {
   float softmax_scale;
   bool causal;
   AttnDType dtype;
+  // Rows of q and of k/v (tokens). Optional (0 = not given): the TMA forward needs them to bound
+  // its tensor maps and is skipped without them.
+  int total_q = 0, total_k = 0;
 };
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);

@@ -19,6 +19,7 @@
 
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention_fwd_wgmma_softmax.cuh"
 #include "cuda/flash_attention_wgmma.cuh"
 #include "kestrel/runtime/cuda_check.h"
 
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   float o[kNo];
 #pragma unroll
   for (int i = 0; i < kNo; ++i) o[i] = 0.f;
-  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  WgmmaSoftmaxRows<kBc> sm;
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
   float s[kNs];
   uint32_t pa[kKs][4];
@@ -99,50 +100,12 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     }
     wgmma_commit();
   };
-  // Masks S of key block nb where needed, updates m/l, turns S into unnormalised P (f32) and
-  // returns the O rescale factors.
   auto softmax = [&](int nb, float (&alpha)[2]) {
     const int n0 = nb * kBc;
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);
-    if (need_mask) {
-#pragma unroll
-      for (int j = 0; j < kBc / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_base + (e >= 2 ? 8 : 0);
-          const int col = n0 + j * 8 + 2 * c + (e & 1);
-          if (col >= len_k || (p.causal && col > i + off)) s[4 * j + e] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // Four independent partial maxima / sums: short dependency chains (2 warps per scheduler).
-      float pm[4] = {m_i[r], m_i[r], m_i[r], m_i[r]};
-#pragma unroll
-      for (int j = 0; j < kBc / 8; ++j) pm[j % 4] = fmaxf(pm[j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      float mx = quad_max(fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3])));
-      alpha[r] = (m_i[r] == -INFINITY) ? 0.f : fast_exp2((m_i[r] - mx) * sl2);
-      const float ms = (mx == -INFINITY) ? 0.f : mx * sl2;
-      float ps[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < kBc / 8; ++j) {
-        s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], sl2, -ms));
-        s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], sl2, -ms));
-        ps[j % 4] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      l_i[r] = l_i[r] * alpha[r] + ((ps[0] + ps[1]) + (ps[2] + ps[3]));
-      m_i[r] = mx;
-    }
+    sm.step(s, n0, need_mask, len_k, p.causal, row_base, off, c, sl2, alpha);
   };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
+  auto pack_p = [&] { wgmma_pack_p<T, kBc>(s, pa); };
 
   if (n_blocks > 0) {
     // Prologue: Q and K(0), groups -(kStages-2)..-1, then group 0 in flight during S(0).
@@ -180,13 +143,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        o[4 * j + 0] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
+      wgmma_rescale_o<kD>(o, alpha);
       pack_p();
     }
 
@@ -199,23 +156,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     fence_regs(o);
   }
 
-  // Epilogue: O / l, lse = m * scale + ln(l); rows without a visible key give 0 and -inf.
-  T* out = static_cast<T*>(p.out);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(l_i[r]);
-    const int row = row_base + r * 8;
-    if (row >= len_q) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t tok = q_start + row;
-    T* orow = out + (tok * p.num_heads_q + h) * D;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = j * 8 + 2 * c;
-      if (col < D) *reinterpret_cast<uint32_t*>(orow + col) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-    }
-    if (c == 0) p.lse[tok * p.num_heads_q + h] = l > 0.f ? m_i[r] * p.softmax_scale + logf(l) : -INFINITY;
-  }
+  wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
 template <typename T, int kD, int kStages>

@@ -1,0 +1,218 @@
+// Flash attention forward for Hopper with TMA loads: the wgmma kernel of
+// flash_attention_fwd_wgmma_kernel.cuh (kWG warpgroups x 64 query rows, kBc-key tiles walked from
+// the last, S = Q K^T and O += P V on wgmma, the P V GEMM of tile i-1 overlapping the softmax of
+// tile i) with its loads moved to the copy engine and its block barrier removed:
+// - Q and the K/V tiles arrive by cp.async.bulk.tensor (one thread issues a whole tile; the
+//   consumers execute no copy instructions and no proxy fence);
+// - K and V live in kStages-deep rings with a "full" mbarrier per slot (armed with the tile's
+//   bytes) and an "empty" one (one arrival per warp once its wgmma reading the slot completed);
+// - thread 0 refills a slot when every warp has released it, at the end of its iteration, so the
+//   warpgroups are never stopped by a __syncthreads and drift apart freely within the ring.
+// Boxes read past the tensor's end are zero-filled. A document's last tile can also hold keys of
+// the next document: S masks them (P = 0), and before its first P V GEMM the block zeroes those V
+// rows (once per block, one barrier), so that 0 * (a non-finite value of another document) never
+// reaches the output: the same result as the cp.async kernel's zero-fill.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention_fwd_wgmma_softmax.cuh"
+#include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention_tma.cuh"
+#include "cuda/flash_attention_wgmma.cuh"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace kestrel::cuda::fa {
+
+template <typename T, int kD, int kWG, int kBc, int kStages>
+__global__ void __launch_bounds__(kWG * 128, 1)
+    flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
+                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+  constexpr int kBr = kWG * 64;
+  constexpr int kNs = kBc / 2;   // S accumulator floats per thread
+  constexpr int kNo = kD / 2;    // O accumulator floats per thread
+  constexpr int kKs = kBc / 16;  // k-steps of P V (A fragments of P)
+  constexpr int kWarps = kWG * 4;
+  constexpr uint32_t kQBytes = kBr * kD * 2, kKVBytes = kBc * kD * 2;
+  static_assert(kD % 64 == 0 && kBc % 64 == 0, "64-column swizzle slabs");
+  static_assert(kStages >= 2 && kStages <= 3, "K/V ring depth");
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [kD/64][kBr][64]
+  const uint32_t sK = sQ + kQBytes;                            // kStages x [kD/64][kBc][64]
+  const uint32_t sV = sK + kStages * kKVBytes;                 // kStages x [kD/64][kBc][64]
+  const uint32_t bars = sV + kStages * kKVBytes;               // 8-byte mbarriers:
+  const uint32_t barQ = bars;                                  //   Q landed
+  auto full_k = [&](int s) { return bars + 8 * (1 + s); };
+  auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
+  auto empty_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
+  auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
+  const int g = lane / 4, c = lane % 4;
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
+  if (m0 >= len_q) return;
+  const int wg_row0 = m0 + wg * 64;               // first query row of this warpgroup
+  const int row_base = wg_row0 + wwarp * 16 + g;  // rows row_base and row_base + 8 of this thread
+
+  // Tile j (processing order) is key block n_blocks - 1 - j; it sits in slot j % kStages.
+  auto load_k = [&](int j) {
+    mbar_arrive_expect_tx(full_k(j % kStages), kKVBytes);
+    tma_load_tile<kBc, kD>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
+                           k_start + (n_blocks - 1 - j) * kBc);
+  };
+  auto load_v = [&](int j) {
+    mbar_arrive_expect_tx(full_v(j % kStages), kKVBytes);
+    tma_load_tile<kBc, kD>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
+                           k_start + (n_blocks - 1 - j) * kBc);
+  };
+  if (tid == 0) {
+    prefetch_tma_map(&tq);
+    prefetch_tma_map(&tk);
+    prefetch_tma_map(&tv);
+    mbar_init(barQ, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), kWarps);
+      mbar_init(empty_v(s), kWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (tid == 0 && n_blocks > 0) {
+    mbar_arrive_expect_tx(barQ, kQBytes);
+    tma_load_tile<kBr, kD>(sQ, &tq, barQ, h, q_start + m0);
+    for (int j = 0; j < kStages && j < n_blocks; ++j) {
+      load_k(j);
+      load_v(j);
+    }
+  }
+
+  float o[kNo];
+#pragma unroll
+  for (int i = 0; i < kNo; ++i) o[i] = 0.f;
+  WgmmaSoftmaxRows<kBc> sm;
+  const float sl2 = p.softmax_scale * 1.4426950408889634f;
+  float s[kNs];
+  uint32_t pa[kKs][4];
+
+  auto issue_qk = [&](int slot) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t a_addr = sQ + (kk / 4) * (kBr * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t b_addr = sK + slot * kKVBytes + (kk / 4) * (kBc * 128) + (kk % 4) * 32;
+      WgmmaSS<T, kBc>::run(s, wgmma_desc(a_addr, 16, 1024), wgmma_desc(b_addr, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int slot) {
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      const uint32_t b_addr = sV + slot * kKVBytes + kk * (16 * 128);
+      WgmmaRS<T, kD>::run(o, pa[kk], wgmma_desc(b_addr, kBc * 128, 1024));
+    }
+    wgmma_commit();
+  };
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int n0 = (n_blocks - 1 - j) * kBc;
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);
+    sm.step(s, n0, need_mask, len_k, p.causal, row_base, off, c, sl2, alpha);
+  };
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
+  auto phase = [](int j) { return static_cast<uint32_t>((j / kStages) & 1); };
+  // Zeroes V rows of tile 0 (slot 0, landed) past the document's end; block-uniform condition.
+  auto clear_v_tail = [&] {
+    const int valid = len_k - (n_blocks - 1) * kBc;
+    if (valid >= kBc) return;
+    constexpr int kChunks = kBc * (kD / 8);  // 16-byte chunks of the tile
+    for (int i = tid; i < kChunks; i += kWG * 128) {
+      const int slab = i / (kBc * 8), row = (i / 8) % kBc, ch = i % 8;
+      if (row >= valid) {
+        const uint32_t dst = sV + slab * (kBc * 128) + row * 128 + ch * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+      }
+    }
+    fence_proxy_async();
+    __syncthreads();
+  };
+
+  if (n_blocks > 0) {
+    mbar_wait(barQ, 0);
+    mbar_wait(full_k(0), 0);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(empty_k(0));
+    float alpha[2];
+    softmax(0, alpha);
+    wgmma_pack_p<T, kBc>(s, pa);
+    if (tid == 0 && kStages < n_blocks) {
+      mbar_wait(empty_k(0), 0);
+      load_k(kStages);
+    }
+
+    for (int it = 1; it < n_blocks; ++it) {
+      const int slot = it % kStages, pslot = (it - 1) % kStages;
+      mbar_wait(full_k(slot), phase(it));
+      mbar_wait(full_v(pslot), phase(it - 1));
+      if (it == 1) clear_v_tail();
+      wgmma_fence();
+      issue_qk(slot);
+      issue_pv(pslot);
+      wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
+      fence_regs(s);
+      release(empty_k(slot));
+      softmax(it, alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(empty_v(pslot));
+      wgmma_rescale_o<kD>(o, alpha);
+      wgmma_pack_p<T, kBc>(s, pa);
+      if (tid == 0) {  // refill the two slots released in this iteration
+        if (it + kStages < n_blocks) {
+          mbar_wait(empty_k(slot), phase(it));
+          load_k(it + kStages);
+        }
+        if (it - 1 + kStages < n_blocks) {
+          mbar_wait(empty_v(pslot), phase(it - 1));
+          load_v(it - 1 + kStages);
+        }
+      }
+    }
+
+    const int last = n_blocks - 1;
+    mbar_wait(full_v(last % kStages), phase(last));
+    if (last == 0) clear_v_tail();
+    wgmma_fence();
+    issue_pv(last % kStages);
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+
+  wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
+}
+
+template <typename T, int kD>
+void launch_fwd_tma(const FlashAttentionParams& p, int stages, cudaStream_t stream) {
+  constexpr int kWG = WgmmaFwdTraits<kD>::kWG, kBc = WgmmaFwdTraits<kD>::kBc;
+  constexpr int kBr = kWG * 64;
+  const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
+  const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
+  const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
+  auto run = [&](auto kernel, int st) {
+    const size_t smem = static_cast<size_t>(kBr + 2 * st * kBc) * kD * 2 + 1024 + 8 * (1 + 4 * st);
+    KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    dim3 grid(p.num_heads_q, (p.max_seqlen_q + kBr - 1) / kBr, p.num_docs);
+    kernel<<<grid, kWG * 128, smem, stream>>>(p, tq, tk, tv);
+    KESTREL_CUDA_CHECK_LAUNCH();
+  };
+  if (stages == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2>, 2);
+  else run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 3>, 3);
+}
+
+}  // namespace kestrel::cuda::fa

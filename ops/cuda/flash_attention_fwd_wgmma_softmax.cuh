@@ -1,0 +1,104 @@
+// The per-thread pieces of the Hopper wgmma flash attention forwards (cp.async and TMA kernels):
+// the online softmax on an m64n{kBc} S accumulator, the packing of P into wgmma's register-A
+// fragments, the O rescale and the epilogue. A thread holds two query rows of its warpgroup's 64:
+// row_base and row_base + 8 (lane = 4g + c: row 16 * warp + g); accumulator element i of column
+// block j sits at column 8j + 2c + (i & 1) of row row_base + 8 * (i >= 2).
+#pragma once
+
+#include <cmath>
+
+#include "cuda/flash_attention_common.cuh"
+
+namespace kestrel::cuda::fa {
+
+template <int kBc>
+struct WgmmaSoftmaxRows {
+  float m[2] = {-INFINITY, -INFINITY};  // running row maxima of the raw scores
+  float l[2] = {0.f, 0.f};              // running row sums of exp2((s - m) * sl2), per thread's columns
+
+  // Masks S of the key block starting at n0 where need_mask holds (keys past len_k, or causal:
+  // key > row + off), updates m/l, turns S into unnormalised P (f32) and returns in alpha the
+  // factors that rescale O.
+  __device__ __forceinline__ void step(float (&s)[kBc / 2], int n0, bool need_mask, int len_k, bool causal,
+                                       int row_base, int off, int c, float sl2, float (&alpha)[2]) {
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_base + (e >= 2 ? 8 : 0);
+          const int col = n0 + j * 8 + 2 * c + (e & 1);
+          if (col >= len_k || (causal && col > i + off)) s[4 * j + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // Four independent partial maxima / sums: short dependency chains (2 warps per scheduler).
+      float pm[4] = {m[r], m[r], m[r], m[r]};
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) pm[j % 4] = fmaxf(pm[j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      const float mx = quad_max(fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3])));
+      alpha[r] = (m[r] == -INFINITY) ? 0.f : fast_exp2((m[r] - mx) * sl2);
+      const float ms = (mx == -INFINITY) ? 0.f : mx * sl2;
+      float ps[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+        s[4 * j + 2 * r] = fast_exp2(fmaf(s[4 * j + 2 * r], sl2, -ms));
+        s[4 * j + 2 * r + 1] = fast_exp2(fmaf(s[4 * j + 2 * r + 1], sl2, -ms));
+        ps[j % 4] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + ((ps[0] + ps[1]) + (ps[2] + ps[3]));
+      m[r] = mx;
+    }
+  }
+};
+
+// P (f32, accumulator layout of m64n{kBc}) -> kBc/16 register-A fragments of m64k16.
+template <typename T, int kBc>
+__device__ __forceinline__ void wgmma_pack_p(const float (&s)[kBc / 2], uint32_t (&pa)[kBc / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+template <int kD>
+__device__ __forceinline__ void wgmma_rescale_o(float (&o)[kD / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+    o[4 * j + 0] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
+// out = O / l, lse = m * scale + ln(l); rows without a visible key give 0 and -inf. Rows at or past
+// len_q (the tile's padding) are not written.
+template <typename T, int kD, int kBc>
+__device__ __forceinline__ void wgmma_fwd_epilogue(const FlashAttentionParams& p, const float (&o)[kD / 2],
+                                                   const WgmmaSoftmaxRows<kBc>& sm, int row_base, int len_q,
+                                                   int q_start, int h, int c) {
+  T* out = static_cast<T*>(p.out);
+  const int D = p.head_dim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(sm.l[r]);
+    const int row = row_base + r * 8;
+    if (row >= len_q) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t tok = q_start + row;
+    T* orow = out + (tok * p.num_heads_q + h) * D;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = j * 8 + 2 * c;
+      if (col < D) *reinterpret_cast<uint32_t*>(orow + col) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (c == 0) p.lse[tok * p.num_heads_q + h] = l > 0.f ? sm.m[r] * p.softmax_scale + logf(l) : -INFINITY;
+  }
+}
+
+}  // namespace kestrel::cuda::fa
