@@ -39,12 +39,23 @@ size_t workspace_layout(const FlashAttentionParams& p, int total_q, void* base, 
   return b_acc + 2 * b_row;
 }
 
-// Head dim 128 runs the 2-D-tiled backward (flash_attention_bwd_tiled_kernel.cuh) unless
-// KESTREL_FA_BWD=v2 asks for the 16-keys-per-warp kernel (A/B runs; read on every call). Head dims
-// 64 and 256 always run the latter: it measured faster at 64 (bench/notes/flash_attention.md).
-bool bwd_use_v2() {
+// Kernel choice, KESTREL_FA_BWD (read on every call, for A/B runs and tests): "wgmma" (Hopper
+// wgmma kernel, head dims 64/128; "wgmma_seq" / "wgmma_2bar": its variants 0 / 1), "tiled" (2-D-tiled
+// mma.sync kernel at 128, the 16-keys-per-warp one at 64), "v2" (16-keys-per-warp at every head
+// dim). Unset: kDefaultBwd. Head dim 256 always runs the 16-keys-per-warp kernel.
+enum class BwdKernel { kWgmma, kWgmmaSeq, kWgmma2Bar, kTiled, kV2 };
+constexpr BwdKernel kDefaultBwd = BwdKernel::kWgmma;
+BwdKernel bwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_BWD");
-  return e && std::strcmp(e, "v2") == 0;
+  if (!e || !*e) return kDefaultBwd;
+  if (std::strcmp(e, "wgmma") == 0) return BwdKernel::kWgmma;
+  if (std::strcmp(e, "wgmma_seq") == 0) return BwdKernel::kWgmmaSeq;
+  if (std::strcmp(e, "wgmma_2bar") == 0) return BwdKernel::kWgmma2Bar;
+  if (std::strcmp(e, "tiled") == 0) return BwdKernel::kTiled;
+  if (std::strcmp(e, "v2") == 0) return BwdKernel::kV2;
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_BWD must be wgmma, wgmma_seq, wgmma_2bar, tiled or v2, got '",
+                e, "'");
+  return kDefaultBwd;
 }
 
 // One warp per (token, head) row; lane l covers columns [8l, 8l + 8).
@@ -109,10 +120,17 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   }
   BwdArgs a{p, bp.dout, bp.dk, bp.dv, ws.dq_accum, ws.lse2, ws.delta, total_q};
   if (p.num_docs > 0 && p.max_seqlen_k > 0) {
+    const BwdKernel kind = bwd_kernel_choice();
+    const bool wgmma = kind == BwdKernel::kWgmma || kind == BwdKernel::kWgmmaSeq || kind == BwdKernel::kWgmma2Bar;
+    const int variant = kind == BwdKernel::kWgmmaSeq ? 0 : kind == BwdKernel::kWgmma2Bar ? 1 : 2;
     switch (padded_head_dim(p.head_dim)) {
-      case 64: launch_bwd_v2<T, 64>(a, stream); break;
+      case 64:
+        if (wgmma) launch_bwd_wgmma<T, 64>(a, variant, stream);
+        else launch_bwd_v2<T, 64>(a, stream);
+        break;
       case 128:
-        if (bwd_use_v2()) launch_bwd_v2<T, 128>(a, stream);
+        if (wgmma) launch_bwd_wgmma<T, 128>(a, variant, stream);
+        else if (kind == BwdKernel::kV2) launch_bwd_v2<T, 128>(a, stream);
         else launch_bwd_tiled<T, 128>(a, stream);
         break;
       default: launch_bwd_v2<T, 256>(a, stream); break;

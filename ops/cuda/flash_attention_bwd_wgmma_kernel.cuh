@@ -1,0 +1,314 @@
+// Flash attention backward for Hopper (sm_90a) with warpgroup MMA (FA3's data flow, our code).
+//
+// One block = 2 warpgroups owning kBc = 128 keys of one KV head (64 keys each: wgmma's M) and
+// walking kBr-query tiles of every query head of its GQA group, so dK/dV stay in registers for
+// the whole kernel and reduce deterministically (same BwdArgs and workspace as the mma.sync
+// kernels). Head dim 128 uses kBr = 64, head dim 64 kBr = 128. Per query tile and warpgroup:
+//   S^T  = K Q^T    wgmma m64n{kBr}k16, K and Q K-major from 128-byte-swizzled shared tiles;
+//   dP^T = V dO^T   same;
+//   P^T  = exp2(S^T * scale * log2e - lse2) (masked: causal bottom-right, document ends),
+//   dS^T = P^T (dP^T - delta), both packed to 16-bit A fragments in registers;
+//   dV  += P^T dO   wgmma m64n{kD}k16, A from registers, dO [query][d] read MN-major;
+//   dK  += dS^T Q   same with Q;
+//   dS^T also goes to shared memory ([key][query] tile); after a barrier of both warpgroups,
+//   dQ[64 rows, 64 cols] = dS K   wgmma m64n64k16 with both operands MN-major (transpose
+//   immediates): head dim 128 splits dQ's columns over the warpgroups, head dim 64 its rows;
+//   then predicated red.global.add.v2.f32 into the f32 dq workspace.
+// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings (one __syncthreads per
+// tile); dS^T is double-buffered. kOverlap: GEMM order dV, (dS^T exchange), dQ, dK, with dQ's
+// reductions issued while dK runs (else dV, dK, exchange, dQ, then the reductions).
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention_wgmma.cuh"
+#include "kestrel/runtime/cuda_check.h"
+
+namespace kestrel::cuda::fa {
+
+template <int kD, int kBr>
+constexpr size_t bwd_wgmma_smem_bytes() {
+  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 1 KiB for the 1024-byte alignment.
+  return static_cast<size_t>(2 * 128 * kD + 6 * kBr * kD + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
+}
+
+template <typename T, int kD, int kBr, int kVariant>
+__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
+  constexpr int kBc = 128, kThreads = 256, kBufs = 3;
+  constexpr bool kOverlap = kVariant >= 1, kOneBarrier = kVariant == 2;
+  constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
+  constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
+  constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
+  constexpr uint32_t kKVBytes = kBc * kD * 2, kQBytes = kBr * kD * 2, kSBytes = kBc * kBr * 2;
+  static_assert((kD == 128 && kBr == 64) || (kD == 64 && kBr == 128), "dQ tile: 64 x 64 per warpgroup");
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t sK = (raw + 1023u) & ~1023u;    // [kD/64][kBc][64]
+  const uint32_t sV = sK + kKVBytes;             // [kD/64][kBc][64]
+  const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kD/64][kBr][64]
+  const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kD/64][kBr][64]
+  const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
+  float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
+
+  const FlashAttentionParams& p = a.p;
+  const int tid = threadIdx.x, wg = tid / 128, wwarp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
+  const int q_start = p.cu_seqlens_q[doc], len_q = p.cu_seqlens_q[doc + 1] - q_start;
+  const int k_start = p.cu_seqlens_k[doc], len_k = p.cu_seqlens_k[doc + 1] - k_start;
+  const int n0 = n_block * kBc;
+  if (n0 >= len_k) return;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const int D = p.head_dim;
+  const int off = len_k - len_q;
+  const int m_begin = p.causal ? max(0, n0 - off) / kBr : 0;
+  const int m_tiles = (len_q + kBr - 1) / kBr;
+  const int tiles_per_head = max(0, m_tiles - m_begin);
+  const int n_iter = tiles_per_head * group;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const T* dout = static_cast<const T*>(a.dout);
+  const int64_t q_stride = static_cast<int64_t>(p.num_heads_q) * D;
+  const int64_t kv_stride = static_cast<int64_t>(p.num_heads_kv) * D;
+  const int64_t kv_off = (static_cast<int64_t>(k_start + n0) * p.num_heads_kv + hk) * D;
+
+  load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, len_k - n0, D, tid);
+  load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, len_k - n0, D, tid);
+
+  auto tile_head = [&](int it) { return hk * group + it / tiles_per_head; };
+  auto tile_m0 = [&](int it) { return (m_begin + it % tiles_per_head) * kBr; };
+  auto prefetch = [&](int it) {
+    const int h = tile_head(it), m0 = tile_m0(it), buf = it % kBufs;
+    const int64_t qo = (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
+    load_tile_sw128<kBr, kD, kThreads>(sQ0 + buf * kQBytes, q + qo, q_stride, len_q - m0, D, tid);
+    load_tile_sw128<kBr, kD, kThreads>(sdO0 + buf * kQBytes, dout + qo, q_stride, len_q - m0, D, tid);
+    if (tid < 2 * kBr) {
+      const int r = tid % kBr;
+      const bool ok = m0 + r < len_q;
+      const int64_t idx = static_cast<int64_t>(h) * a.total_q + q_start + m0 + (ok ? r : 0);
+      const float* src = tid < kBr ? a.lse2 + idx : a.delta + idx;
+      float* dst = (tid < kBr ? sLse : sDelta) + buf * kBr + r;
+      cp_async_4(smem_u32(dst), src, ok);
+    }
+  };
+  if (n_iter > 0) prefetch(0);
+  cp_async_commit();
+
+  float dv[kNd], dk[kNd], dq[32];
+#pragma unroll
+  for (int i = 0; i < kNd; ++i) dv[i] = dk[i] = 0.f;
+  float s[kNs], dp[kNs];
+  uint32_t pa[kKs][4], da[kKs][4];  // P^T, dS^T as 16-bit A fragments
+  const float sl2 = p.softmax_scale * 1.4426950408889634f;
+  const int n0w = n0 + wg * 64;                // first key of this warpgroup
+  const int key_lo = wwarp * 16 + g;           // accumulator rows key_lo, key_lo + 8 (of the warpgroup's 64)
+  // dS^T store: row wg*64 + key_lo, column pair c; the chunk XOR (row % 8 = g) is folded in (see swz_at).
+  const uint32_t st_base = static_cast<uint32_t>((wg * 64 + key_lo) * 128 + (g << 4) + c * 4);
+
+  auto issue_sdp = [&](int buf) {
+    const uint32_t sQ = sQ0 + buf * kQBytes, sdO = sdO0 + buf * kQBytes;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t a_off = (kk / 4) * (kBc * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t b_off = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
+      WgmmaSS<T, kBr>::run(s, wgmma_desc(sK + a_off, 16, 1024), wgmma_desc(sQ + b_off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t a_off = (kk / 4) * (kBc * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t b_off = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
+      WgmmaSS<T, kBr>::run(dp, wgmma_desc(sV + a_off, 16, 1024), wgmma_desc(sdO + b_off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+
+  // P^T = exp2(S^T * sl2 - lse2) in place in s; masked tiles (per warpgroup) take the checked copy.
+  auto compute_p = [&](int buf, int m0) {
+    const float* lse = sLse + buf * kBr;
+    const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off);
+    auto body = [&](auto masked) {
+#pragma unroll
+      for (int j = 0; j < kBr / 8; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = fast_exp2(fmaf(s[4 * j + e], sl2, -((e & 1) ? l.y : l.x)));
+          if constexpr (decltype(masked)::value) {
+            const int key = n0w + key_lo + (e >= 2 ? 8 : 0);
+            const int qi = m0 + 8 * j + 2 * c + (e & 1);
+            x = (qi >= len_q || key >= len_k || (p.causal && key > qi + off)) ? 0.f : x;
+          }
+          s[4 * j + e] = x;
+        }
+      }
+    };
+    if (need_mask) body(std::true_type{});
+    else body(std::false_type{});
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  // dS^T = P^T (dP^T - delta): A fragments, and the [key][query] shared tile for dQ.
+  auto compute_ds = [&](int buf, uint32_t sdS) {
+    const float* dlt = sDelta + buf * kBr;
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j) {
+      const float2 d = *reinterpret_cast<const float2*>(dlt + 8 * j + 2 * c);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) da[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+    }
+    // Element pair (j, r): key row + 8r, queries 8j + 2c (+1) -> slab j / 8, chunk j % 8.
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t o = (st_base ^ static_cast<uint32_t>((j % 8) << 4)) + (j / 8) * (kBc * 128) + r * (8 * 128);
+        st_shared_u32(sdS + o, da[j / 2][(j % 2) * 2 + r]);
+      }
+  };
+  auto issue_dv = [&](int buf) {
+    const uint32_t sdO = sdO0 + buf * kQBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dv, pa[kk], wgmma_desc(sdO + kk * (16 * 128), kBr * 128, 1024));
+    wgmma_commit();
+  };
+  auto issue_dk = [&](int buf) {
+    const uint32_t sQ = sQ0 + buf * kQBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dk, da[kk], wgmma_desc(sQ + kk * (16 * 128), kBr * 128, 1024));
+    wgmma_commit();
+  };
+  // dQ[64, 64] = dS K for this warpgroup: rows (kBr 128) or columns (kD 128) split by wg.
+  auto issue_dq = [&](uint32_t sdS) {
+    const uint32_t a_base = sdS + (kBr == 128 ? wg * (kBc * 128) : 0);
+    const uint32_t b_base = sK + (kD == 128 ? wg * (kBc * 128) : 0);
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      WgmmaSST<T, 64>::run(dq, wgmma_desc(a_base + kk * (16 * 128), kBc * 128, 1024),
+                           wgmma_desc(b_base + kk * (16 * 128), kBc * 128, 1024), kk > 0);
+    wgmma_commit();
+  };
+  auto reduce_dq = [&](int it) {
+    const int h = tile_head(it), m0 = tile_m0(it);
+    const int qrow = m0 + (kBr == 128 ? wg * 64 : 0) + key_lo;  // accumulator rows qrow, qrow + 8
+    const int col0 = (kD == 128 ? wg * 64 : 0) + 2 * c;
+    float* dst = a.dq_accum + (static_cast<int64_t>(q_start + qrow) * p.num_heads_q + h) * D + col0;
+    const int64_t row_step = static_cast<int64_t>(p.num_heads_q) * D * 8;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool row_ok = qrow + 8 * r < len_q;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        red_add_f32x2(dst + r * row_step + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], row_ok && col0 + 8 * j < D);
+    }
+  };
+
+  if (kOneBarrier && n_iter > 0) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // K, V and tile 0 visible
+  }
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it % kBufs;
+    const uint32_t sdS = sdS0 + (it & 1) * kSBytes;
+    if constexpr (!kOneBarrier) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // tile it landed; every wgmma of tile it - 1 finished in both warpgroups
+    }
+    // Buffer (it + 1) % 3 was last read by tile it - 2, finished in both warpgroups before the
+    // barrier of tile it - 1 that this thread passed.
+    if (it + 1 < n_iter) prefetch(it + 1);
+    cp_async_commit();
+    wgmma_fence();
+    issue_sdp(buf);
+    wgmma_wait<1>();
+    fence_regs(s);
+    compute_p(buf, tile_m0(it));
+    wgmma_wait<0>();
+    fence_regs(dp);
+    compute_ds(buf, sdS);
+    wgmma_fence();
+    if constexpr (kOverlap) {
+      // dV runs while dS^T is exchanged; dK runs while dQ is reduced (FA2's phase order).
+      issue_dv(buf);
+      if constexpr (kOneBarrier) cp_async_wait<0>();  // tile it + 1 landed (published by the barrier below)
+      fence_proxy_async();
+      named_bar_sync(1, kThreads);  // both warpgroups' dS^T in shared memory
+      issue_dq(sdS);
+      issue_dk(buf);
+      wgmma_wait<1>();
+      fence_regs(dq);
+      reduce_dq(it);
+      wgmma_wait<0>();
+    } else {
+      issue_dv(buf);
+      issue_dk(buf);
+      fence_proxy_async();
+      named_bar_sync(1, kThreads);
+      issue_dq(sdS);
+      wgmma_wait<0>();
+      fence_regs(dq);
+      reduce_dq(it);
+    }
+    fence_regs(pa);
+    fence_regs(da);
+  }
+  fence_regs(dk);
+  fence_regs(dv);
+  cp_async_wait<0>();  // nothing may still be landing in shared memory when the block exits
+
+  T* dkp = static_cast<T*>(a.dk);
+  T* dvp = static_cast<T*>(a.dv);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0w + key_lo + 8 * r;
+    if (key >= len_k) continue;
+    const int64_t base = (static_cast<int64_t>(k_start + key) * p.num_heads_kv + hk) * D;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = 8 * j + 2 * c;
+      if (col < D) {
+        *reinterpret_cast<uint32_t*>(dkp + base + col) =
+            pack2<T>(dk[4 * j + 2 * r] * p.softmax_scale, dk[4 * j + 2 * r + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dvp + base + col) = pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, int kD, int kVariant>
+void launch_bwd_wgmma_cfg(const BwdArgs& a, cudaStream_t stream) {
+  constexpr int kBr = kD == 128 ? 64 : 128;
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, kBr>();
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, kBr, kVariant>;
+  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(a.p.num_heads_kv, (a.p.max_seqlen_k + 127) / 128, a.p.num_docs);
+  kernel<<<grid, 256, smem, stream>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int kD>
+void launch_bwd_wgmma(const BwdArgs& a, int variant, cudaStream_t stream) {
+  if (variant == 0) launch_bwd_wgmma_cfg<T, kD, 0>(a, stream);
+  else if (variant == 1) launch_bwd_wgmma_cfg<T, kD, 1>(a, stream);
+  else launch_bwd_wgmma_cfg<T, kD, 2>(a, stream);
+}
+
+}  // namespace kestrel::cuda::fa
