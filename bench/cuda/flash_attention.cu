@@ -3,7 +3,7 @@
 // and forward+backward. FLOPs are counted as FlashAttention does: forward 4*T*T*D*H per document
 // (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
 // TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
-// KESTREL_FA_FWD=mma|wgmma and KESTREL_FA_BWD=v2 pick the kernels (the label names the forward's).
+// KESTREL_FA_FWD and KESTREL_FA_BWD pick the kernels (the label names both).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -68,7 +68,7 @@ void BM_flash_attention(benchmark::State& state) {
   KESTREL_CUDA_CHECK_LAUNCH();
 
   FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, kHeads, kHeads, D,
-                         1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16};
+                         1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16, kTokens, kTokens};
   b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, kTokens);
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
   FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
@@ -95,8 +95,9 @@ void BM_flash_attention(benchmark::State& state) {
   const double flops = fwd_flops * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   const char* fwd_kind = std::getenv("KESTREL_FA_FWD");
+  const char* bwd_kind = std::getenv("KESTREL_FA_BWD");
   state.SetLabel(std::string(causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd") + " fwd-kernel=" +
-                 (fwd_kind ? fwd_kind : "default"));
+                 (fwd_kind ? fwd_kind : "default") + (backward ? std::string(" bwd-kernel=") + (bwd_kind ? bwd_kind : "default") : ""));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);

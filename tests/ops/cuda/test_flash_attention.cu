@@ -4,9 +4,9 @@
 // random bf16/f16 values; every output is NaN-poisoned before the kernel runs, so an unwritten
 // element or a NaN fails isfinite. Covers packed documents (length 1 included), len_q != len_k
 // with rows that see no key (out 0, lse -inf), GQA 1/4/8, causal and bidirectional, head dims
-// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility. The forward runs the Hopper
-// wgmma kernel by default (head dims 64/128 and those padded to them); ForwardKernelVariantsMatch
-// also runs the mma.sync kernel (KESTREL_FA_FWD=mma) and compares the two.
+// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility. Forward and backward run
+// the Hopper wgmma kernels by default (head dims 64/128 and those padded to them);
+// ForwardKernelVariantsMatch / BackwardKernelVariantsMatch also run the other kernels.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +20,7 @@
 
 #include "cuda/flash_attention.h"
 #include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
+#include "cuda/flash_attention_wgmma.cuh"
 #include "kestrel/runtime/cuda_check.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
@@ -386,7 +387,7 @@ Result run_flash(const Problem& pr) {
   dcq.upload(cu_q), dck.upload(cu_k);
   out.poison(), dq.poison(), dk.poison(), dv.poison(), lse.poison();
   FlashAttentionParams p{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dcq.ptr, dck.ptr, (int)cs.len_q.size(), mq, mk,
-                         cs.hq, cs.hkv, cs.d, pr.scale, cs.causal, cs.dtype};
+                         cs.hq, cs.hkv, cs.d, pr.scale, cs.causal, cs.dtype, Tq, cs.total_k()};
   kestrel::cuda::flash_attention_forward(p, nullptr);
   const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, Tq);
   DeviceBuffer<unsigned char> ws(ws_bytes);
@@ -477,12 +478,30 @@ TEST(FlashAttentionCuda, LargeShapesMatchNaiveGpu) {
   run_case(single(777, 2, 2, 256, true, BF), false, seed++);
 }
 
-// The other tests run the default backward kernels (2-D tiles at head dim 128, 16 keys per warp at
-// 64); this one also runs the 16-keys-per-warp kernel at 128, which KESTREL_FA_BWD=v2 selects.
+// Restores an environment variable (KESTREL_FA_FWD / KESTREL_FA_BWD) on scope exit, so a
+// whole-suite run under a chosen kernel keeps it.
+struct KernelEnv {
+  const char* name;
+  std::string saved;
+  bool had;
+  explicit KernelEnv(const char* n) : name(n) {
+    const char* e = std::getenv(name);
+    had = e != nullptr;
+    if (had) saved = e;
+  }
+  ~KernelEnv() {
+    if (had) setenv(name, saved.c_str(), 1);
+    else unsetenv(name);
+  }
+};
+
+// Every backward kernel (KESTREL_FA_BWD: the mma.sync kernels v2 and tiled, the Hopper wgmma kernel
+// and its two A/B variants) against the references, whatever the default is.
 TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
+  KernelEnv restore("KESTREL_FA_BWD");
   uint32_t seed = 300;
-  for (const char* kind : {"v2"}) {
+  for (const char* kind : {"v2", "tiled", "wgmma", "wgmma_seq", "wgmma_2bar"}) {
     ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
     std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
     for (bool causal : {true, false}) {
@@ -492,7 +511,34 @@ TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
       run_case(single(700, 4, 2, 128, causal, BF), false, seed++);
     }
   }
-  unsetenv("KESTREL_FA_BWD");
+}
+
+// The wgmma backward (64-key warpgroup tiles, 64-query tiles at head dim 128 and 128-query tiles at
+// 64) on the issue's shapes: odd lengths (1, 17, 1000, 4097), packs with length-1 documents,
+// len_q != len_k, GQA 1/4/8, padded head dims, causal and bidirectional, bf16 and f16; then dK/dV
+// bitwise reproducible across runs.
+TEST(FlashAttentionCuda, WgmmaBackwardShapes) {
+  KESTREL_REQUIRE_GPU();
+  KernelEnv restore("KESTREL_FA_BWD");
+  uint32_t seed = 400;
+  for (const char* kind : {"wgmma", "wgmma_seq", "wgmma_2bar"}) {
+    ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
+    std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
+    for (bool causal : {true, false}) {
+      run_case(Case{{1, 17, 5, 64, 1, 33, 1}, {1, 17, 5, 64, 1, 33, 1}, 8, 1, 128, causal, BF}, true, seed++);
+      run_case(Case{{1, 17, 130, 1, 257}, {1, 17, 130, 1, 257}, 8, 2, 64, causal, F16}, true, seed++);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 2, 1, 128, causal, F16}, true, seed++);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 4, 4, 64, causal, BF}, true, seed++);
+      run_case(single(385, 2, 2, 72, causal, BF), true, seed++, 3.f);
+      run_case(Case{{1000, 1, 4097, 17, 1}, {1000, 1, 4097, 17, 1}, 8, 1, 128, causal, BF}, false, seed++);
+      run_case(Case{{1000, 1, 4097, 17, 1}, {1000, 1, 4097, 17, 1}, 8, 2, 64, causal, F16}, false, seed++);
+      run_case(single(4097, 4, 4, 128, causal, F16), false, seed++);
+    }
+    const Problem pr = make_problem(Case{{1000, 1, 2049}, {1000, 1, 2049}, 8, 2, 128, true, BF}, seed++);
+    const Result a = run_flash(pr), b = run_flash(pr);
+    EXPECT_EQ(a.dk, b.dk) << kind;
+    EXPECT_EQ(a.dv, b.dv) << kind;
+  }
 }
 
 // Edge cases of the wgmma forward's tiles (128 query rows at head dim 128, 192 at 64; 128-key
@@ -511,28 +557,13 @@ TEST(FlashAttentionCuda, WgmmaForwardTileEdges) {
   }
 }
 
-// Restores KESTREL_FA_FWD on scope exit, so a whole-suite run under a chosen kernel keeps it.
-struct FwdKernelEnv {
-  std::string saved;
-  bool had;
-  FwdKernelEnv() {
-    const char* e = std::getenv("KESTREL_FA_FWD");
-    had = e != nullptr;
-    if (had) saved = e;
-  }
-  ~FwdKernelEnv() {
-    if (had) setenv("KESTREL_FA_FWD", saved.c_str(), 1);
-    else unsetenv("KESTREL_FA_FWD");
-  }
-};
-
-// The non-default forwards (KESTREL_FA_FWD=mma and the 2-stage wgmma kernel)
+// The non-default forwards (KESTREL_FA_FWD=mma, the cp.async-fed wgmma kernels, the 3-stage TMA one)
 // against the references, and all of them against each other on the same inputs.
 TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
-  FwdKernelEnv restore;
+  KernelEnv restore("KESTREL_FA_FWD");
   uint32_t seed = 600;
-  for (const char* kind : {"mma", "wgmma_s2"}) {
+  for (const char* kind : {"mma", "wgmma", "wgmma_s2", "tma"}) {  // "tma_s2" is the default
     ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
     std::printf("[flash] KESTREL_FA_FWD=%s\n", kind);
     for (bool causal : {true, false}) {
@@ -549,7 +580,7 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
       const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, true, t}, seed++);
       ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
       const Result a = run_flash(pr);
-      for (const char* kind : {"wgmma", "wgmma_s2"}) {
+      for (const char* kind : {"wgmma", "wgmma_s2", "tma", "tma_s2"}) {
         ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
         const Result b = run_flash(pr);
         const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
@@ -560,6 +591,35 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
         EXPECT_EQ(count_nonfinite(to_float(b.out, t)), 0u);
         EXPECT_LE(e_out, t == BF ? 1e-2 : 2e-3);
         EXPECT_LE(lse_diff, 1e-4);
+      }
+    }
+  }
+}
+
+// Packed documents share one K/V buffer, so a key tile at the end of a document can hold the next
+// document's rows (the TMA kernels load whole boxes). Those rows must not reach the output even when
+// their V is non-finite: the first document's out/lse must be bitwise unchanged by an inf in the
+// second document's V, for every forward kernel.
+TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
+  KESTREL_REQUIRE_GPU();
+  KernelEnv restore("KESTREL_FA_FWD");
+  uint32_t seed = 900;
+  for (const char* kind : {"mma", "wgmma", "tma", "tma_s2"}) {
+    ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
+    for (int d : {64, 128}) {
+      for (bool causal : {true, false}) {
+        const Case cs{{100, 77}, {100, 200}, 4, 2, d, causal, BF};
+        Problem pr = make_problem(cs, seed++);
+        const Result clean = run_flash(pr);
+        const size_t row = (size_t)cs.hkv * d;  // elements per key token
+        for (size_t i = 100 * row; i < pr.v.bits.size(); i += 7) pr.v.bits[i] = 0x7F80;  // +inf in doc 2's V
+        const Result dirty = run_flash(pr);
+        const size_t n_out = (size_t)100 * cs.hq * d, n_lse = (size_t)100 * cs.hq;
+        size_t diff = 0;
+        for (size_t i = 0; i < n_out; ++i) diff += clean.out[i] != dirty.out[i];
+        for (size_t i = 0; i < n_lse; ++i) diff += clean.lse[i] != dirty.lse[i];
+        EXPECT_EQ(diff, 0u) << kind << " D=" << d << (causal ? " causal" : " bidirectional");
+        EXPECT_EQ(count_nonfinite(to_float(std::vector<uint16_t>(clean.out.begin(), clean.out.begin() + n_out), BF)), 0u);
       }
     }
   }
@@ -639,6 +699,33 @@ __global__ void wgmma_probe_kernel(const T* q, const T* km, const T* pm, const T
   }
 }
 
+// D[64,64] = A[64,128] B[128,64] with A stored transposed ([k][m]) and B [k][n], both MN-major
+// in swizzled [128][64] tiles (WgmmaSST: the backward's dQ = dS K from dS^T and K).
+template <typename T>
+__global__ void wgmma_sst_probe_kernel(const T* at, const T* bm, float* d_out) {
+  using namespace kestrel::cuda::fa;
+  extern __shared__ unsigned char raw[];
+  const uint32_t sA = (smem_u32(raw) + 1023u) & ~1023u, sB = sA + 128 * 64 * 2;
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, c = tid % 4;
+  load_tile_sw128<128, 64, 128>(sA, at, 64, 128, 64, tid);
+  load_tile_sw128<128, 64, 128>(sB, bm, 64, 128, 64, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  float d[32];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    WgmmaSST<T, 64>::run(d, wgmma_desc(sA + kk * 2048, 128 * 128, 1024), wgmma_desc(sB + kk * 2048, 128 * 128, 1024),
+                         kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(d);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d_out[(16 * w + g + 8 * ((i / 2) % 2)) * 64 + 8 * (i / 4) + 2 * c + (i % 2)] = d[i];
+}
+
 TEST(FlashAttentionCuda, WgmmaPrimitivesMatchCpuGemm) {
   KESTREL_REQUIRE_GPU();
   for (AttnDType t : {AttnDType::BF16, AttnDType::F16}) {
@@ -682,6 +769,31 @@ TEST(FlashAttentionCuda, WgmmaPrimitivesMatchCpuGemm) {
         EXPECT_LE(e_o, 1e-4);
       }
     }
+    // Both operands MN-major (transpose immediates): D = At^T Bm, At [128][64], Bm [128][64].
+    const LowTensor at = random_tensor(128 * 64, 1.f, t, rng), bm = random_tensor(128 * 64, 1.f, t, rng);
+    std::vector<double> d_ref(64 * 64, 0.0);
+    for (int m = 0; m < 64; ++m)
+      for (int n = 0; n < 64; ++n)
+        for (int kx = 0; kx < 128; ++kx) d_ref[m * 64 + n] += (double)at.val[kx * 64 + m] * bm.val[kx * 64 + n];
+    DeviceBuffer<uint16_t> dat(at.bits.size()), dbm(bm.bits.size());
+    dat.upload(at.bits), dbm.upload(bm.bits);
+    DeviceBuffer<float> dd(64 * 64);
+    dd.poison();
+    const size_t smem2 = 2 * 128 * 64 * 2 + 1024;
+    if (t == AttnDType::BF16) {
+      auto kern = wgmma_sst_probe_kernel<__nv_bfloat16>;
+      KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
+      kern<<<1, 128, smem2>>>((const __nv_bfloat16*)dat.ptr, (const __nv_bfloat16*)dbm.ptr, dd.ptr);
+    } else {
+      auto kern = wgmma_sst_probe_kernel<__half>;
+      KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
+      kern<<<1, 128, smem2>>>((const __half*)dat.ptr, (const __half*)dbm.ptr, dd.ptr);
+    }
+    KESTREL_CUDA_CHECK_LAUNCH();
+    KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e_d = rel_l2(dd.download(), d_ref);
+    std::printf("[flash] wgmma SST probe %s: D rel %.2e\n", t == AttnDType::BF16 ? "bf16" : "f16", e_d);
+    EXPECT_LE(e_d, 1e-4);
   }
 }
 
