@@ -40,10 +40,11 @@ size_t workspace_layout(const FlashAttentionParams& p, int total_q, void* base, 
 }
 
 // Kernel choice, KESTREL_FA_BWD (read on every call, for A/B runs and tests): "wgmma" (Hopper
-// wgmma kernel, head dims 64/128; "wgmma_seq" / "wgmma_2bar": its variants 0 / 1), "tiled" (2-D-tiled
+// wgmma kernel, head dims 64/128, variant 3; "wgmma_seq" / "wgmma_2bar" / "wgmma_1bar": variants
+// 0 / 1 / 2, see launch_bwd_wgmma), "tiled" (2-D-tiled
 // mma.sync kernel at 128, the 16-keys-per-warp one at 64), "v2" (16-keys-per-warp at every head
 // dim). Unset: kDefaultBwd. Head dim 256 always runs the 16-keys-per-warp kernel.
-enum class BwdKernel { kWgmma, kWgmmaSeq, kWgmma2Bar, kTiled, kV2 };
+enum class BwdKernel { kWgmma, kWgmmaSeq, kWgmma2Bar, kWgmma1Bar, kTiled, kV2 };
 constexpr BwdKernel kDefaultBwd = BwdKernel::kWgmma;
 BwdKernel bwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_BWD");
@@ -51,9 +52,10 @@ BwdKernel bwd_kernel_choice() {
   if (std::strcmp(e, "wgmma") == 0) return BwdKernel::kWgmma;
   if (std::strcmp(e, "wgmma_seq") == 0) return BwdKernel::kWgmmaSeq;
   if (std::strcmp(e, "wgmma_2bar") == 0) return BwdKernel::kWgmma2Bar;
+  if (std::strcmp(e, "wgmma_1bar") == 0) return BwdKernel::kWgmma1Bar;
   if (std::strcmp(e, "tiled") == 0) return BwdKernel::kTiled;
   if (std::strcmp(e, "v2") == 0) return BwdKernel::kV2;
-  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_BWD must be wgmma, wgmma_seq, wgmma_2bar, tiled or v2, got '",
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_BWD must be wgmma, wgmma_seq, wgmma_2bar, wgmma_1bar, tiled or v2, got '",
                 e, "'");
   return kDefaultBwd;
 }
@@ -121,8 +123,11 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   BwdArgs a{p, bp.dout, bp.dk, bp.dv, ws.dq_accum, ws.lse2, ws.delta, total_q};
   if (p.num_docs > 0 && p.max_seqlen_k > 0) {
     const BwdKernel kind = bwd_kernel_choice();
-    const bool wgmma = kind == BwdKernel::kWgmma || kind == BwdKernel::kWgmmaSeq || kind == BwdKernel::kWgmma2Bar;
-    const int variant = kind == BwdKernel::kWgmmaSeq ? 0 : kind == BwdKernel::kWgmma2Bar ? 1 : 2;
+    const bool wgmma = kind != BwdKernel::kTiled && kind != BwdKernel::kV2;
+    const int variant = kind == BwdKernel::kWgmmaSeq    ? 0
+                        : kind == BwdKernel::kWgmma2Bar ? 1
+                        : kind == BwdKernel::kWgmma1Bar ? 2
+                                                        : 3;
     switch (padded_head_dim(p.head_dim)) {
       case 64:
         if (wgmma) launch_bwd_wgmma<T, 64>(a, variant, stream);

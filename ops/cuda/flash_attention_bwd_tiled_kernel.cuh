@@ -1,6 +1,7 @@
-// Flash attention backward kernel with 2-D warp tiles (FA2's layout), the default at head dim 128
-// (instantiated with kBr = 64; the template also runs kD = 64 / kBr = 128 correctly but measured
-// slower there than flash_attention_bwd_kernel.cuh, see bench/notes/flash_attention.md).
+// Flash attention backward kernel with 2-D warp tiles (FA2's layout), mma.sync; KESTREL_FA_BWD=tiled
+// at head dim 128 (the Hopper wgmma kernel, flash_attention_bwd_wgmma_kernel.cuh, is the default).
+// Instantiated with kBr = 64; the template also runs kD = 64 / kBr = 128 correctly but measured
+// slower there than flash_attention_bwd_kernel.cuh, see bench/notes/flash_attention.md.
 //
 // One block of 8 warps owns kBc = 128 keys of one KV head and walks kBr-row query tiles of every
 // query head of its GQA group (Q, dO, lse, delta double-buffered with cp.async). Per query tile:

@@ -14,9 +14,13 @@
 //   dQ[64 rows, 64 cols] = dS K   wgmma m64n64k16 with both operands MN-major (transpose
 //   immediates): head dim 128 splits dQ's columns over the warpgroups, head dim 64 its rows;
 //   then predicated red.global.add.v2.f32 into the f32 dq workspace.
-// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings (one __syncthreads per
-// tile); dS^T is double-buffered. kOverlap: GEMM order dV, (dS^T exchange), dQ, dK, with dQ's
-// reductions issued while dK runs (else dV, dK, exchange, dQ, then the reductions).
+// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings; dS^T is
+// double-buffered. Variants (kVariant, A/B-measured in bench/notes/flash_attention.md):
+//   0: GEMM order dV, dK, dS^T exchange, dQ, then the reductions; a __syncthreads per tile for
+//      the copies plus the exchange barrier;
+//   1: order dV, exchange, dQ, dK, with dQ's reductions issued while dK runs (FA2's order);
+//   2: as 1, with the exchange barrier also publishing the next tile's copies (one barrier/tile);
+//   3: as 2, with the copies issued after the S^T/dP^T GEMMs (the default).
 #pragma once
 
 #include <cmath>
@@ -38,7 +42,7 @@ constexpr size_t bwd_wgmma_smem_bytes() {
 template <typename T, int kD, int kBr, int kVariant>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
-  constexpr bool kOverlap = kVariant >= 1, kOneBarrier = kVariant == 2;
+  constexpr bool kOverlap = kVariant >= 1, kOneBarrier = kVariant >= 2, kLateCopy = kVariant == 3;
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
   constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
   constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
@@ -111,39 +115,57 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   // dS^T store: row wg*64 + key_lo, column pair c; the chunk XOR (row % 8 = g) is folded in (see swz_at).
   const uint32_t st_base = static_cast<uint32_t>((wg * 64 + key_lo) * 128 + (g << 4) + c * 4);
 
+  // Matrix descriptors, built once: the operand at byte offset o of a tile is the tile's descriptor
+  // + o / 16 (the 14-bit start-address field cannot carry: shared offsets stay below 256 KiB).
+  // Rebuilding each descriptor from its address cost ~5 instructions per wgmma operand.
+  const uint64_t dK_k = wgmma_desc(sK + wg * (64 * 128), 16, 1024);  // this warpgroup's 64 keys, K-major
+  const uint64_t dV_k = wgmma_desc(sV + wg * (64 * 128), 16, 1024);
+  const uint64_t dQ_k = wgmma_desc(sQ0, 16, 1024), dO_k = wgmma_desc(sdO0, 16, 1024);
+  const uint64_t dQ_mn = wgmma_desc(sQ0, kBr * 128, 1024), dO_mn = wgmma_desc(sdO0, kBr * 128, 1024);
+  const uint64_t dS_mn = wgmma_desc(sdS0 + (kBr == 128 ? wg * (kBc * 128) : 0), kBc * 128, 1024);
+  const uint64_t dK_mn = wgmma_desc(sK + (kD == 128 ? wg * (kBc * 128) : 0), kBc * 128, 1024);
+
   auto issue_sdp = [&](int buf) {
-    const uint32_t sQ = sQ0 + buf * kQBytes, sdO = sdO0 + buf * kQBytes;
+    const uint64_t q_t = dQ_k + buf * (kQBytes / 16), o_t = dO_k + buf * (kQBytes / 16);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * (kBc * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t a_off = (kk / 4) * (kBc * 128) + (kk % 4) * 32;
       const uint32_t b_off = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
-      WgmmaSS<T, kBr>::run(s, wgmma_desc(sK + a_off, 16, 1024), wgmma_desc(sQ + b_off, 16, 1024), kk > 0);
+      WgmmaSS<T, kBr>::run(s, dK_k + a_off / 16, q_t + b_off / 16, kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * (kBc * 128) + wg * (64 * 128) + (kk % 4) * 32;
+      const uint32_t a_off = (kk / 4) * (kBc * 128) + (kk % 4) * 32;
       const uint32_t b_off = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
-      WgmmaSS<T, kBr>::run(dp, wgmma_desc(sV + a_off, 16, 1024), wgmma_desc(sdO + b_off, 16, 1024), kk > 0);
+      WgmmaSS<T, kBr>::run(dp, dV_k + a_off / 16, o_t + b_off / 16, kk > 0);
     }
     wgmma_commit();
   };
 
   // P^T = exp2(S^T * sl2 - lse2) in place in s; masked tiles (per warpgroup) take the checked copy.
-  auto compute_p = [&](int buf, int m0) {
-    const float* lse = sLse + buf * kBr;
+  // kEarlyLse (head dim 128 with kLateCopy): lse2 read into registers before the S^T wait (16 more
+  // live registers; at head dim 64 that spills, so it reads lse2 inside the loop below).
+  constexpr bool kEarlyLse = kLateCopy && kBr == 64;
+  auto load_lse = [&](int buf, float2 (&l)[kBr / 8]) {
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
+  };
+  auto compute_p = [&](int buf, int m0, const float2 (&lse)[kBr / 8]) {
     const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off);
     auto body = [&](auto masked) {
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j) {
-        const float2 l = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * c);
+        const float2 l = kEarlyLse ? lse[j] : *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = fast_exp2(fmaf(s[4 * j + e], sl2, -((e & 1) ? l.y : l.x)));
           if constexpr (decltype(masked)::value) {
             const int key = n0w + key_lo + (e >= 2 ? 8 : 0);
             const int qi = m0 + 8 * j + 2 * c + (e & 1);
-            x = (qi >= len_q || key >= len_k || (p.causal && key > qi + off)) ? 0.f : x;
+            // Bitwise, not short-circuit: one select per element, no branches.
+            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > qi + off));
+            x = dead ? 0.f : x;
           }
           s[4 * j + e] = x;
         }
@@ -183,25 +205,23 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       }
   };
   auto issue_dv = [&](int buf) {
-    const uint32_t sdO = sdO0 + buf * kQBytes;
+    const uint64_t o_t = dO_mn + buf * (kQBytes / 16);
 #pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dv, pa[kk], wgmma_desc(sdO + kk * (16 * 128), kBr * 128, 1024));
+    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dv, pa[kk], o_t + kk * (16 * 128 / 16));
     wgmma_commit();
   };
   auto issue_dk = [&](int buf) {
-    const uint32_t sQ = sQ0 + buf * kQBytes;
+    const uint64_t q_t = dQ_mn + buf * (kQBytes / 16);
 #pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dk, da[kk], wgmma_desc(sQ + kk * (16 * 128), kBr * 128, 1024));
+    for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dk, da[kk], q_t + kk * (16 * 128 / 16));
     wgmma_commit();
   };
   // dQ[64, 64] = dS K for this warpgroup: rows (kBr 128) or columns (kD 128) split by wg.
-  auto issue_dq = [&](uint32_t sdS) {
-    const uint32_t a_base = sdS + (kBr == 128 ? wg * (kBc * 128) : 0);
-    const uint32_t b_base = sK + (kD == 128 ? wg * (kBc * 128) : 0);
+  auto issue_dq = [&](int sbuf) {
+    const uint64_t s_t = dS_mn + sbuf * (kSBytes / 16);
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaSST<T, 64>::run(dq, wgmma_desc(a_base + kk * (16 * 128), kBc * 128, 1024),
-                           wgmma_desc(b_base + kk * (16 * 128), kBc * 128, 1024), kk > 0);
+      WgmmaSST<T, 64>::run(dq, s_t + kk * (16 * 128 / 16), dK_mn + kk * (16 * 128 / 16), kk > 0);
     wgmma_commit();
   };
   auto reduce_dq = [&](int it) {
@@ -233,14 +253,23 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       __syncthreads();  // tile it landed; every wgmma of tile it - 1 finished in both warpgroups
     }
     // Buffer (it + 1) % 3 was last read by tile it - 2, finished in both warpgroups before the
-    // barrier of tile it - 1 that this thread passed.
-    if (it + 1 < n_iter) prefetch(it + 1);
-    cp_async_commit();
+    // barrier of tile it - 1 that this thread passed. kLateCopy: the copies' address arithmetic
+    // runs while the first GEMMs do (and, at head dim 128, lse2 is read before their wait).
+    if constexpr (!kLateCopy) {
+      if (it + 1 < n_iter) prefetch(it + 1);
+      cp_async_commit();
+    }
     wgmma_fence();
     issue_sdp(buf);
+    if constexpr (kLateCopy) {
+      if (it + 1 < n_iter) prefetch(it + 1);
+      cp_async_commit();
+    }
+    float2 lse[kBr / 8];
+    if constexpr (kEarlyLse) load_lse(buf, lse);
     wgmma_wait<1>();
     fence_regs(s);
-    compute_p(buf, tile_m0(it));
+    compute_p(buf, tile_m0(it), lse);
     wgmma_wait<0>();
     fence_regs(dp);
     compute_ds(buf, sdS);
@@ -251,7 +280,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       if constexpr (kOneBarrier) cp_async_wait<0>();  // tile it + 1 landed (published by the barrier below)
       fence_proxy_async();
       named_bar_sync(1, kThreads);  // both warpgroups' dS^T in shared memory
-      issue_dq(sdS);
+      issue_dq(it & 1);
       issue_dk(buf);
       wgmma_wait<1>();
       fence_regs(dq);
@@ -262,7 +291,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       issue_dk(buf);
       fence_proxy_async();
       named_bar_sync(1, kThreads);
-      issue_dq(sdS);
+      issue_dq(it & 1);
       wgmma_wait<0>();
       fence_regs(dq);
       reduce_dq(it);
@@ -308,7 +337,8 @@ template <typename T, int kD>
 void launch_bwd_wgmma(const BwdArgs& a, int variant, cudaStream_t stream) {
   if (variant == 0) launch_bwd_wgmma_cfg<T, kD, 0>(a, stream);
   else if (variant == 1) launch_bwd_wgmma_cfg<T, kD, 1>(a, stream);
-  else launch_bwd_wgmma_cfg<T, kD, 2>(a, stream);
+  else if (variant == 2) launch_bwd_wgmma_cfg<T, kD, 2>(a, stream);
+  else launch_bwd_wgmma_cfg<T, kD, 3>(a, stream);
 }
 
 }  // namespace kestrel::cuda::fa

@@ -501,7 +501,7 @@ TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
   KernelEnv restore("KESTREL_FA_BWD");
   uint32_t seed = 300;
-  for (const char* kind : {"v2", "tiled", "wgmma", "wgmma_seq", "wgmma_2bar"}) {
+  for (const char* kind : {"v2", "tiled", "wgmma", "wgmma_seq", "wgmma_2bar", "wgmma_1bar"}) {
     ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
     std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
     for (bool causal : {true, false}) {
@@ -521,7 +521,7 @@ TEST(FlashAttentionCuda, WgmmaBackwardShapes) {
   KESTREL_REQUIRE_GPU();
   KernelEnv restore("KESTREL_FA_BWD");
   uint32_t seed = 400;
-  for (const char* kind : {"wgmma", "wgmma_seq", "wgmma_2bar"}) {
+  for (const char* kind : {"wgmma", "wgmma_seq", "wgmma_2bar", "wgmma_1bar"}) {
     ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
     std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
     for (bool causal : {true, false}) {
