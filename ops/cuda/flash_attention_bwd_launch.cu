@@ -40,23 +40,18 @@ size_t workspace_layout(const FlashAttentionParams& p, int total_q, void* base, 
 }
 
 // Kernel choice, KESTREL_FA_BWD (read on every call, for A/B runs and tests): "wgmma" (Hopper
-// wgmma kernel, head dims 64/128, variant 3; "wgmma_seq" / "wgmma_2bar" / "wgmma_1bar": variants
-// 0 / 1 / 2, see launch_bwd_wgmma), "tiled" (2-D-tiled
-// mma.sync kernel at 128, the 16-keys-per-warp one at 64), "v2" (16-keys-per-warp at every head
-// dim). Unset: kDefaultBwd. Head dim 256 always runs the 16-keys-per-warp kernel.
-enum class BwdKernel { kWgmma, kWgmmaSeq, kWgmma2Bar, kWgmma1Bar, kTiled, kV2 };
+// wgmma kernel, head dims 64/128; the default), "tiled" (2-D-tiled mma.sync kernel at 128, the
+// 16-keys-per-warp one at 64), "v2" (16-keys-per-warp at every head dim). Head dim 256 always
+// runs the 16-keys-per-warp kernel.
+enum class BwdKernel { kWgmma, kTiled, kV2 };
 constexpr BwdKernel kDefaultBwd = BwdKernel::kWgmma;
 BwdKernel bwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_BWD");
   if (!e || !*e) return kDefaultBwd;
   if (std::strcmp(e, "wgmma") == 0) return BwdKernel::kWgmma;
-  if (std::strcmp(e, "wgmma_seq") == 0) return BwdKernel::kWgmmaSeq;
-  if (std::strcmp(e, "wgmma_2bar") == 0) return BwdKernel::kWgmma2Bar;
-  if (std::strcmp(e, "wgmma_1bar") == 0) return BwdKernel::kWgmma1Bar;
   if (std::strcmp(e, "tiled") == 0) return BwdKernel::kTiled;
   if (std::strcmp(e, "v2") == 0) return BwdKernel::kV2;
-  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_BWD must be wgmma, wgmma_seq, wgmma_2bar, wgmma_1bar, tiled or v2, got '",
-                e, "'");
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_BWD must be wgmma, tiled or v2, got '", e, "'");
   return kDefaultBwd;
 }
 
@@ -124,17 +119,13 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   if (p.num_docs > 0 && p.max_seqlen_k > 0) {
     const BwdKernel kind = bwd_kernel_choice();
     const bool wgmma = kind != BwdKernel::kTiled && kind != BwdKernel::kV2;
-    const int variant = kind == BwdKernel::kWgmmaSeq    ? 0
-                        : kind == BwdKernel::kWgmma2Bar ? 1
-                        : kind == BwdKernel::kWgmma1Bar ? 2
-                                                        : 3;
     switch (padded_head_dim(p.head_dim)) {
       case 64:
-        if (wgmma) launch_bwd_wgmma<T, 64>(a, variant, stream);
+        if (wgmma) launch_bwd_wgmma<T, 64>(a, stream);
         else launch_bwd_v2<T, 64>(a, stream);
         break;
       case 128:
-        if (wgmma) launch_bwd_wgmma<T, 128>(a, variant, stream);
+        if (wgmma) launch_bwd_wgmma<T, 128>(a, stream);
         else if (kind == BwdKernel::kV2) launch_bwd_v2<T, 128>(a, stream);
         else launch_bwd_tiled<T, 128>(a, stream);
         break;

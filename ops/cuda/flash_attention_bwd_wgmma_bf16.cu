@@ -2,6 +2,6 @@
 #include "cuda/flash_attention_bwd_wgmma_kernel.cuh"
 
 namespace kestrel::cuda::fa {
-template void launch_bwd_wgmma<__nv_bfloat16, 64>(const BwdArgs&, int, cudaStream_t);
-template void launch_bwd_wgmma<__nv_bfloat16, 128>(const BwdArgs&, int, cudaStream_t);
+template void launch_bwd_wgmma<__nv_bfloat16, 64>(const BwdArgs&, cudaStream_t);
+template void launch_bwd_wgmma<__nv_bfloat16, 128>(const BwdArgs&, cudaStream_t);
 }  // namespace kestrel::cuda::fa

@@ -14,13 +14,11 @@
 //   dQ[64 rows, 64 cols] = dS K   wgmma m64n64k16 with both operands MN-major (transpose
 //   immediates): head dim 128 splits dQ's columns over the warpgroups, head dim 64 its rows;
 //   then predicated red.global.add.v2.f32 into the f32 dq workspace.
-// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings; dS^T is
-// double-buffered. Variants (kVariant, A/B-measured in bench/notes/flash_attention.md):
-//   0: GEMM order dV, dK, dS^T exchange, dQ, then the reductions; a __syncthreads per tile for
-//      the copies plus the exchange barrier;
-//   1: order dV, exchange, dQ, dK, with dQ's reductions issued while dK runs (FA2's order);
-//   2: as 1, with the exchange barrier also publishing the next tile's copies (one barrier/tile);
-//   3: as 2, with the copies issued after the S^T/dP^T GEMMs (the default).
+// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings, issued after the
+// tile's first GEMMs; dS^T is double-buffered. One barrier per tile: the dS^T exchange, which also
+// publishes the next tile's copies. GEMM order dV, (exchange), dQ, dK, with dQ's reductions issued
+// while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
+// copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
 #pragma once
 
 #include <cmath>
@@ -39,10 +37,9 @@ constexpr size_t bwd_wgmma_smem_bytes() {
   return static_cast<size_t>(2 * 128 * kD + 6 * kBr * kD + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
-template <typename T, int kD, int kBr, int kVariant>
+template <typename T, int kD, int kBr>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
-  constexpr bool kOverlap = kVariant >= 1, kOneBarrier = kVariant >= 2, kLateCopy = kVariant == 3;
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
   constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
   constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
@@ -144,9 +141,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   };
 
   // P^T = exp2(S^T * sl2 - lse2) in place in s; masked tiles (per warpgroup) take the checked copy.
-  // kEarlyLse (head dim 128 with kLateCopy): lse2 read into registers before the S^T wait (16 more
-  // live registers; at head dim 64 that spills, so it reads lse2 inside the loop below).
-  constexpr bool kEarlyLse = kLateCopy && kBr == 64;
+  // kEarlyLse (head dim 128): lse2 read into registers before the S^T wait (16 more live
+  // registers; at head dim 64 that spills, so it reads lse2 inside the loop below).
+  constexpr bool kEarlyLse = kBr == 64;
   auto load_lse = [&](int buf, float2 (&l)[kBr / 8]) {
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
@@ -239,32 +236,20 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     }
   };
 
-  if (kOneBarrier && n_iter > 0) {
+  if (n_iter > 0) {
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // K, V and tile 0 visible
   }
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kBufs;
-    const uint32_t sdS = sdS0 + (it & 1) * kSBytes;
-    if constexpr (!kOneBarrier) {
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();  // tile it landed; every wgmma of tile it - 1 finished in both warpgroups
-    }
-    // Buffer (it + 1) % 3 was last read by tile it - 2, finished in both warpgroups before the
-    // barrier of tile it - 1 that this thread passed. kLateCopy: the copies' address arithmetic
-    // runs while the first GEMMs do (and, at head dim 128, lse2 is read before their wait).
-    if constexpr (!kLateCopy) {
-      if (it + 1 < n_iter) prefetch(it + 1);
-      cp_async_commit();
-    }
     wgmma_fence();
     issue_sdp(buf);
-    if constexpr (kLateCopy) {
-      if (it + 1 < n_iter) prefetch(it + 1);
-      cp_async_commit();
-    }
+    // The next tile's copies (their address arithmetic runs while the GEMMs do): buffer
+    // (it + 1) % 3 was last read by tile it - 2, finished in both warpgroups before the barrier
+    // of tile it - 1 that this thread passed.
+    if (it + 1 < n_iter) prefetch(it + 1);
+    cp_async_commit();
     float2 lse[kBr / 8];
     if constexpr (kEarlyLse) load_lse(buf, lse);
     wgmma_wait<1>();
@@ -272,30 +257,18 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     compute_p(buf, tile_m0(it), lse);
     wgmma_wait<0>();
     fence_regs(dp);
-    compute_ds(buf, sdS);
+    compute_ds(buf, sdS0 + (it & 1) * kSBytes);
     wgmma_fence();
-    if constexpr (kOverlap) {
-      // dV runs while dS^T is exchanged; dK runs while dQ is reduced (FA2's phase order).
-      issue_dv(buf);
-      if constexpr (kOneBarrier) cp_async_wait<0>();  // tile it + 1 landed (published by the barrier below)
-      fence_proxy_async();
-      named_bar_sync(1, kThreads);  // both warpgroups' dS^T in shared memory
-      issue_dq(it & 1);
-      issue_dk(buf);
-      wgmma_wait<1>();
-      fence_regs(dq);
-      reduce_dq(it);
-      wgmma_wait<0>();
-    } else {
-      issue_dv(buf);
-      issue_dk(buf);
-      fence_proxy_async();
-      named_bar_sync(1, kThreads);
-      issue_dq(it & 1);
-      wgmma_wait<0>();
-      fence_regs(dq);
-      reduce_dq(it);
-    }
+    issue_dv(buf);       // dV runs while dS^T is exchanged
+    cp_async_wait<0>();  // tile it + 1 landed: the barrier below publishes it
+    fence_proxy_async();
+    named_bar_sync(1, kThreads);  // both warpgroups' dS^T in shared memory
+    issue_dq(it & 1);
+    issue_dk(buf);
+    wgmma_wait<1>();  // dV, dQ done; dK runs while dQ is reduced (FA2's order)
+    fence_regs(dq);
+    reduce_dq(it);
+    wgmma_wait<0>();
     fence_regs(pa);
     fence_regs(da);
   }
@@ -322,23 +295,15 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
 }
 
-template <typename T, int kD, int kVariant>
-void launch_bwd_wgmma_cfg(const BwdArgs& a, cudaStream_t stream) {
+template <typename T, int kD>
+void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   constexpr int kBr = kD == 128 ? 64 : 128;
   constexpr size_t smem = bwd_wgmma_smem_bytes<kD, kBr>();
-  auto kernel = flash_bwd_wgmma_kernel<T, kD, kBr, kVariant>;
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, kBr>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(a.p.num_heads_kv, (a.p.max_seqlen_k + 127) / 128, a.p.num_docs);
   kernel<<<grid, 256, smem, stream>>>(a);
   KESTREL_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T, int kD>
-void launch_bwd_wgmma(const BwdArgs& a, int variant, cudaStream_t stream) {
-  if (variant == 0) launch_bwd_wgmma_cfg<T, kD, 0>(a, stream);
-  else if (variant == 1) launch_bwd_wgmma_cfg<T, kD, 1>(a, stream);
-  else if (variant == 2) launch_bwd_wgmma_cfg<T, kD, 2>(a, stream);
-  else launch_bwd_wgmma_cfg<T, kD, 3>(a, stream);
 }
 
 }  // namespace kestrel::cuda::fa

@@ -64,10 +64,8 @@ void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream);     // 16 keys per wa
 template <typename T, int kD>
 void launch_bwd_tiled(const BwdArgs& a, cudaStream_t stream);  // 2-D warp tiles (instantiated: kD 128)
 // Hopper wgmma backward (flash_attention_bwd_wgmma_kernel.cuh), kD 64 and 128: 2 warpgroups x 64
-// keys per block, 64-query tiles at kD 128, 128 at kD 64. variant (A/B): 0 sequential phases,
-// 1 dQ reductions overlapping the dK GEMM, 2 as 1 with one barrier per query tile, 3 as 2 with the
-// next tile's copies issued after the first GEMMs.
+// keys per block, 64-query tiles at kD 128, 128 at kD 64.
 template <typename T, int kD>
-void launch_bwd_wgmma(const BwdArgs& a, int variant, cudaStream_t stream);
+void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
 
 }  // namespace kestrel::cuda::fa
