@@ -17,4 +17,10 @@ namespace kestrel::cuda_ops {
 void column_sum(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t rows, int64_t C, int64_t ld,
                 Device device, cudaStream_t stream);
 
+// `count` (<= kMaxColumnSumBatch) such reductions in the same launches: input b is x + b *
+// x_batch_stride elements (same rows, C, ld, dtype), its sum goes to outs[b].
+constexpr int kMaxColumnSumBatch = 4;
+void column_sum_batched(void* const* outs, int count, DType out_dtype, const void* x, int64_t x_batch_stride,
+                        DType x_dtype, int64_t rows, int64_t C, int64_t ld, Device device, cudaStream_t stream);
+
 }  // namespace kestrel::cuda_ops

@@ -7,6 +7,7 @@
 // exact), one write. Longer rows stream twice (the second pass from L1/L2). add_rms_norm rounds
 // h = x + res to storage first and normalises that rounded h, as the CPU reference does; the same
 // kernel with ADD = false is rms_norm, so the row statistics live in one place (rms_row_stat).
+// Block reductions use BlockSum (row_tile.cuh): one barrier per reduction.
 #include "cuda/row_tile.cuh"
 #include "kernels/norm.h"
 
@@ -26,8 +27,8 @@ __device__ __forceinline__ void load_h(float (&v)[V], const T* xr, const T* rr, 
 }
 
 // rstd = 1 / sqrt(mean(h^2) + eps) from the block's per-thread sums of squares (block-wide call).
-__device__ __forceinline__ float rms_row_stat(float sum_sq, int64_t C, float eps, float* scratch) {
-  return rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(C) + eps);
+__device__ __forceinline__ float rms_row_stat(float sum_sq, int64_t C, float eps, BlockSum& red) {
+  return rsqrtf(red.sum(sum_sq) / static_cast<float>(C) + eps);
 }
 
 // ---- rms_norm / add_rms_norm: row in registers (CH chunks) or streaming (CH == 0) ----
@@ -38,7 +39,8 @@ __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restri
                                                                     const T* __restrict__ res,
                                                                     const T* __restrict__ w, int64_t rows,
                                                                     int64_t C, float eps) {
-  __shared__ float scratch[32];
+  __shared__ BlockSum::Buffer red_buf;
+  BlockSum red(red_buf);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * C;
     const T* rr = ADD ? res + r * C : nullptr;
@@ -60,7 +62,7 @@ __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restri
       for (int k = 0; k < CH; ++k)
 #pragma unroll
         for (int j = 0; j < V; ++j) ss += to_f32(hv[k].v[j]) * to_f32(hv[k].v[j]);
-      float rs = rms_row_stat(ss, C, eps, scratch);
+      float rs = rms_row_stat(ss, C, eps, red);
       if (threadIdx.x == 0) rstd[r] = rs;
 #pragma unroll
       for (int k = 0; k < CH; ++k) {
@@ -80,7 +82,7 @@ __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restri
 #pragma unroll
         for (int j = 0; j < V; ++j) ss += v[j] * v[j];
       }
-      float rs = rms_row_stat(ss, C, eps, scratch);
+      float rs = rms_row_stat(ss, C, eps, red);
       if (threadIdx.x == 0) rstd[r] = rs;
       for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
         float v[V], wv[V];
@@ -95,24 +97,30 @@ __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restri
 }
 
 // ---- layer_norm ----
-template <typename T, int V, int CH>
+// Registers path (CH > 0): mean, then the centred sum of squares from the registers (exact two-pass
+// variance), one barrier each. The weight and bias are compile-time present/absent: with runtime
+// checks the compiler kept both chunks' w and b live (63 registers instead of 40: 4 blocks of 256 per
+// SM instead of 6; 0.098 -> 0.082 ms at 16384 x 4096 bf16). forget_values makes the output re-convert
+// from the packed registers rather than keep 16 f32 copies live across the barriers.
+template <typename T, int V, int CH, bool HAS_W, bool HAS_B>
 __global__ __launch_bounds__(kRowMaxThreads) void layer_forward_kernel(T* __restrict__ y, float* __restrict__ mean,
                                                                       float* __restrict__ rstd,
                                                                       const T* __restrict__ x,
                                                                       const T* __restrict__ w,
                                                                       const T* __restrict__ b, int64_t rows,
                                                                       int64_t C, float eps) {
-  __shared__ float scratch[32];
+  __shared__ BlockSum::Buffer red_buf;
+  BlockSum red(red_buf);
   const float inv_c = 1.0f / static_cast<float>(C);
   auto write = [&](int64_t r, int64_t c, const float (&v)[V], float mu, float rs) {
     float wv[V], bv[V], o[V];
-    if (w) load_chunk<T, V>(w + c, wv);
-    if (b) load_chunk<T, V>(b + c, bv);
+    if (HAS_W) load_chunk<T, V>(w + c, wv);
+    if (HAS_B) load_chunk<T, V>(b + c, bv);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       o[j] = (v[j] - mu) * rs;
-      if (w) o[j] *= wv[j];
-      if (b) o[j] += bv[j];
+      if (HAS_W) o[j] *= wv[j];
+      if (HAS_B) o[j] += bv[j];
     }
     store_chunk<T, V>(y + r * C + c, o);
   };
@@ -126,13 +134,14 @@ __global__ __launch_bounds__(kRowMaxThreads) void layer_forward_kernel(T* __rest
       for (int k = 0; k < CH; ++k)
 #pragma unroll
         for (int j = 0; j < V; ++j) s += to_f32(xv[k].v[j]);
-      mu = block_sum(s, scratch) * inv_c;
+      mu = red.sum(s) * inv_c;
 #pragma unroll
       for (int k = 0; k < CH; ++k)
         if (chunk_col<V>(k) < C)
 #pragma unroll
           for (int j = 0; j < V; ++j) var += (to_f32(xv[k].v[j]) - mu) * (to_f32(xv[k].v[j]) - mu);
-      rs = rsqrtf(block_sum(var, scratch) * inv_c + eps);
+      rs = rsqrtf(red.sum(var) * inv_c + eps);
+      forget_values(xv);
 #pragma unroll
       for (int k = 0; k < CH; ++k) {
         int64_t c = chunk_col<V>(k);
@@ -141,6 +150,7 @@ __global__ __launch_bounds__(kRowMaxThreads) void layer_forward_kernel(T* __rest
 #pragma unroll
         for (int j = 0; j < V; ++j) v[j] = to_f32(xv[k].v[j]);
         write(r, c, v, mu, rs);
+        asm volatile("" ::: "memory");  // the next chunk's w, b loads after this store (registers)
       }
     } else {
       for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
@@ -149,14 +159,14 @@ __global__ __launch_bounds__(kRowMaxThreads) void layer_forward_kernel(T* __rest
 #pragma unroll
         for (int j = 0; j < V; ++j) s += v[j];
       }
-      mu = block_sum(s, scratch) * inv_c;
+      mu = red.sum(s) * inv_c;
       for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {  // two-pass variance
         float v[V];
         load_chunk<T, V>(xr + c, v);
 #pragma unroll
         for (int j = 0; j < V; ++j) var += (v[j] - mu) * (v[j] - mu);
       }
-      rs = rsqrtf(block_sum(var, scratch) * inv_c + eps);
+      rs = rsqrtf(red.sum(var) * inv_c + eps);
       for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
         float v[V];
         load_chunk<T, V>(xr + c, v);
@@ -204,11 +214,18 @@ void layer_norm_cuda(const Tensor& y, const Tensor& mean, const Tensor& rstd, co
   dispatch_rows(x.dtype(), "layer_norm", C, {y.data_ptr(), x.data_ptr(), opt_ptr(w), opt_ptr(b)},
                 [&](auto tag, auto v, auto ch, RowLaunch L) {
                   using T = decltype(tag);
-                  auto* k = layer_forward_kernel<T, decltype(v)::value, decltype(ch)::value>;
-                  k<<<resident_grid(k, L.threads, rows), L.threads, 0, s>>>(
-                      ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<const T>(x),
-                      w.defined() ? ptr<const T>(w) : nullptr, b.defined() ? ptr<const T>(b) : nullptr, rows, C,
-                      static_cast<float>(eps));
+                  constexpr int V = decltype(v)::value, CH = decltype(ch)::value;
+                  auto go = [&](auto has_w, auto has_b) {
+                    auto* k = layer_forward_kernel<T, V, CH, decltype(has_w)::value, decltype(has_b)::value>;
+                    k<<<resident_grid(k, L.threads, rows), L.threads, 0, s>>>(
+                        ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<const T>(x),
+                        w.defined() ? ptr<const T>(w) : nullptr, b.defined() ? ptr<const T>(b) : nullptr, rows, C,
+                        static_cast<float>(eps));
+                  };
+                  if (w.defined() && b.defined()) go(std::true_type{}, std::true_type{});
+                  else if (w.defined()) go(std::true_type{}, std::false_type{});
+                  else if (b.defined()) go(std::false_type{}, std::true_type{});
+                  else go(std::false_type{}, std::false_type{});
                 });
   KESTREL_CUDA_CHECK_LAUNCH();
 }

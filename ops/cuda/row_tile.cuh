@@ -64,6 +64,66 @@ __device__ __forceinline__ void load_row(Pack<T, V> (&p)[CH], const T* row, int6
   }
 }
 
+// Makes the compiler forget what `p` holds (an empty asm that "rewrites" every word). Called after a
+// row's statistics, it stops the f32 copies of the row made for them from being kept live until the
+// output is written: the kernel re-converts from the packed registers instead, which keeps register
+// use (and so rows in flight per SM) at the packed size.
+template <typename T, int V, int CH>
+__device__ __forceinline__ void forget_values(Pack<T, V> (&p)[CH]) {
+#pragma unroll
+  for (int k = 0; k < CH; ++k) {
+    if constexpr (sizeof(Pack<T, V>) % 4 == 0) {
+      auto* w = reinterpret_cast<uint32_t*>(&p[k]);
+#pragma unroll
+      for (int i = 0; i < static_cast<int>(sizeof(Pack<T, V>) / 4); ++i) asm volatile("" : "+r"(w[i]));
+    } else {
+      auto* w = reinterpret_cast<uint16_t*>(&p[k]);
+#pragma unroll
+      for (int i = 0; i < static_cast<int>(sizeof(Pack<T, V>) / 2); ++i) asm volatile("" : "+h"(w[i]));
+    }
+  }
+}
+
+// Block-wide sums with one barrier per call (the row kernels call it once or twice per row). Two
+// shared scratch buffers are used alternately: a buffer is rewritten two calls later, after a barrier
+// that every thread reaches only once it has read the buffer. Every thread gets the same, fixed-order
+// result. Each thread holds its own BlockSum (the phase is a register) over one shared buffer:
+//   __shared__ BlockSum::Buffer buf;  BlockSum red{buf};
+struct BlockSum {
+  using Buffer = float[2][3][32];
+  float (*buf)[3][32];
+  int phase = 0;
+  __device__ __forceinline__ explicit BlockSum(Buffer& b) : buf(b) {}
+  // Sums N (<= 3) values at once over the block (blockDim.x a multiple of 32, <= 1024).
+  template <int N>
+  __device__ __forceinline__ void sum(float (&v)[N]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < N; ++i) buf[phase][i][warp] = v[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < nw ? buf[phase][i][lane] : 0.0f);
+    phase ^= 1;
+  }
+  __device__ __forceinline__ float sum(float v) {
+    float a[1] = {v};
+    sum(a);
+    return a[0];
+  }
+  __device__ __forceinline__ float max(float v) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) buf[phase][0][warp] = v;
+    __syncthreads();
+    v = warp_max(lane < nw ? buf[phase][0][lane] : -INFINITY);
+    phase ^= 1;
+    return v;
+  }
+};
+
 // Streaming multiprocessors of the current device (cached per device).
 inline int sm_count() {
   static std::atomic<int> cached[64] = {};

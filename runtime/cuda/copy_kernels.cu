@@ -129,27 +129,47 @@ __global__ void add_into_kernel(D* __restrict__ dst, const S* __restrict__ src, 
   }
 }
 
-// add_into on contiguous, 16-byte aligned tensors (gradient accumulation): 8 elements per thread
-// per step with vector loads, float math. Bit-identical to add_into_kernel: the exact sum of two
-// values of at most 24 significant bits rounds the same through double as through float.
+// add_into on contiguous, 16-byte aligned tensors (gradient accumulation): kPacks packs of 8
+// elements per thread, all loads issued before any arithmetic, one pass (no grid-stride loop); a
+// block covers kPacks x 256 consecutive packs, coalesced per pack. The last n % 8 elements are done by
+// the first threads of block 0. Float math, bit-identical to add_into_kernel: the exact sum of two
+// values of at most 24 significant bits rounds the same through double as through float. Measured
+// 0.100 ms for 16384 x 4096 bf16 (= PyTorch's add_, ~copy bandwidth); the earlier one-pack
+// grid-stride version 0.104 ms.
 template <typename T>
 struct alignas(sizeof(T) * 8 < 16 ? sizeof(T) * 8 : 16) Pack8 {
   T v[8];
 };
+constexpr int kAddPacks = 4, kAddThreads = 256;
 
 template <typename D, typename S>
-__global__ void add_into_contiguous_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
+__global__ __launch_bounds__(kAddThreads) void add_into_contiguous_kernel(D* __restrict__ dst,
+                                                                         const S* __restrict__ src, int64_t n) {
   const int64_t packs = n / 8;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  for (int64_t i = first; i < packs; i += stride) {
-    Pack8<D> d = reinterpret_cast<const Pack8<D>*>(dst)[i];
-    const Pack8<S> s = reinterpret_cast<const Pack8<S>*>(src)[i];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kAddThreads * kAddPacks + threadIdx.x;
+  Pack8<D> d[kAddPacks];
+  Pack8<S> s[kAddPacks];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) d.v[k] = from_f<D>(to_f(d.v[k]) + to_f(s.v[k]));
-    reinterpret_cast<Pack8<D>*>(dst)[i] = d;
+  for (int u = 0; u < kAddPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kAddThreads;
+    if (i < packs) {
+      d[u] = reinterpret_cast<const Pack8<D>*>(dst)[i];
+      s[u] = reinterpret_cast<const Pack8<S>*>(src)[i];
+    }
   }
-  for (int64_t i = packs * 8 + first; i < n; i += stride) dst[i] = from_f<D>(to_f(dst[i]) + to_f(src[i]));
+#pragma unroll
+  for (int u = 0; u < kAddPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kAddThreads;
+    if (i < packs) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d[u].v[k] = from_f<D>(to_f(d[u].v[k]) + to_f(s[u].v[k]));
+      reinterpret_cast<Pack8<D>*>(dst)[i] = d[u];
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - packs * 8) {
+    const int64_t i = packs * 8 + threadIdx.x;
+    dst[i] = from_f<D>(to_f(dst[i]) + to_f(src[i]));
+  }
 }
 
 // Philox fills of a contiguous tensor, values generated in float as random.cpp does on the host.
@@ -231,6 +251,7 @@ Layout make_layout(const Tensor& dst, const Tensor* src, const char* op) {
   return L;
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 132 * 16)); }
 
 }  // namespace
@@ -293,8 +314,9 @@ void launch_add_into(const Tensor& dst, const Tensor& src) {
       using S = decltype(stag);
       auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
       if (L.rank == 1 && L.dst[0] == 1 && L.src[0] == 1 && aligned(dst.data_ptr()) && aligned(src.data_ptr())) {
-        add_into_contiguous_kernel<D, S><<<grid_for((n + 7) / 8), 256, 0, s>>>(static_cast<D*>(dst.data_ptr()),
-                                                                             static_cast<const S*>(src.data_ptr()), n);
+        const int64_t blocks = std::max<int64_t>(1, ceil_div(n / 8, int64_t{kAddThreads} * kAddPacks));
+        add_into_contiguous_kernel<D, S><<<static_cast<unsigned>(blocks), kAddThreads, 0, s>>>(
+            static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n);
       } else {
         add_into_kernel<D, S><<<grid_for(n), 256, 0, s>>>(static_cast<D*>(dst.data_ptr()),
                                                          static_cast<const S*>(src.data_ptr()), L, n);
