@@ -1,9 +1,12 @@
 // CUDA elementwise kernels (binary, unary, where) for the slots in kernels/elementwise.h.
 //
 // Fast path: every operand contiguous, one dtype, 16-byte aligned -> 16-byte vector loads and
-// stores (8 bf16/f16 or 4 f32 per thread step) with a scalar tail, op chosen by a uniform switch.
+// stores (8 bf16/f16 or 4 f32 each, 4 vectors per thread) with a scalar tail, op chosen by a
+// uniform switch.
 // Anything else (broadcast operands, permuted views, mixed dtypes) runs the generic kernel: a
 // coalesced strided indexer and runtime-typed loads. Math in f32; f64 is rejected on CUDA.
+#include <algorithm>
+
 #include "cuda/common.cuh"
 #include "kernels/elementwise.h"
 
@@ -44,35 +47,72 @@ __device__ __forceinline__ float apply_unary(UnaryOp op, float x, float s) {
 }
 
 // ---- contiguous, vectorised ----
+// One pass, no grid-stride loop: a block covers kPacks x kBlock consecutive 16-byte vectors
+// (coalesced per pack), each thread issues all its loads before any arithmetic (kPacks x 16 bytes
+// per operand in flight, which copy bandwidth needs and a one-vector grid-stride loop did not give;
+// bench/notes/cuda_ops.md has the A/B). The last n % N elements are done by the first threads of
+// block 0.
+constexpr int kBlock = 256, kPacks = 4;
+
 template <typename T>
-__global__ void binary_vec_kernel(BinaryOp op, T* __restrict__ out, const T* __restrict__ a,
-                                  const T* __restrict__ b, int64_t n) {
-  constexpr int N = Vec<T>::N;
-  int64_t nvec = n / N;
-  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec; i += stride) {
-    Vec<T> va = load_vec(a + i * N), vb = load_vec(b + i * N), vo;
-#pragma unroll
-    for (int j = 0; j < N; ++j) vo.v[j] = from_f32<T>(apply_binary(op, to_f32(va.v[j]), to_f32(vb.v[j])));
-    store_vec(out + i * N, vo);
-  }
-  for (int64_t i = nvec * N + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
-    out[i] = from_f32<T>(apply_binary(op, to_f32(a[i]), to_f32(b[i])));
+unsigned vec_grid(int64_t n) {
+  const int64_t per_block = static_cast<int64_t>(kBlock) * kPacks;
+  return static_cast<unsigned>(std::max<int64_t>(1, (n / Vec<T>::N + per_block - 1) / per_block));
 }
 
 template <typename T>
-__global__ void unary_vec_kernel(UnaryOp op, T* __restrict__ out, const T* __restrict__ x, float s, int64_t n) {
+__global__ __launch_bounds__(kBlock) void binary_vec_kernel(BinaryOp op, T* __restrict__ out,
+                                                            const T* __restrict__ a, const T* __restrict__ b,
+                                                            int64_t n) {
   constexpr int N = Vec<T>::N;
-  int64_t nvec = n / N;
-  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec; i += stride) {
-    Vec<T> vx = load_vec(x + i * N), vo;
+  const int64_t nvec = n / N;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kBlock * kPacks + threadIdx.x;
+  Vec<T> va[kPacks], vb[kPacks];
 #pragma unroll
-    for (int j = 0; j < N; ++j) vo.v[j] = from_f32<T>(apply_unary(op, to_f32(vx.v[j]), s));
-    store_vec(out + i * N, vo);
+  for (int u = 0; u < kPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kBlock;
+    if (i < nvec) va[u] = load_vec(a + i * N), vb[u] = load_vec(b + i * N);
   }
-  for (int64_t i = nvec * N + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
+#pragma unroll
+  for (int u = 0; u < kPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kBlock;
+    if (i < nvec) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) va[u].v[j] = from_f32<T>(apply_binary(op, to_f32(va[u].v[j]), to_f32(vb[u].v[j])));
+      store_vec(out + i * N, va[u]);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - nvec * N) {
+    const int64_t i = nvec * N + threadIdx.x;
+    out[i] = from_f32<T>(apply_binary(op, to_f32(a[i]), to_f32(b[i])));
+  }
+}
+
+template <typename T>
+__global__ __launch_bounds__(kBlock) void unary_vec_kernel(UnaryOp op, T* __restrict__ out,
+                                                           const T* __restrict__ x, float s, int64_t n) {
+  constexpr int N = Vec<T>::N;
+  const int64_t nvec = n / N;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kBlock * kPacks + threadIdx.x;
+  Vec<T> vx[kPacks];
+#pragma unroll
+  for (int u = 0; u < kPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kBlock;
+    if (i < nvec) vx[u] = load_vec(x + i * N);
+  }
+#pragma unroll
+  for (int u = 0; u < kPacks; ++u) {
+    const int64_t i = base + static_cast<int64_t>(u) * kBlock;
+    if (i < nvec) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) vx[u].v[j] = from_f32<T>(apply_unary(op, to_f32(vx[u].v[j]), s));
+      store_vec(out + i * N, vx[u]);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - nvec * N) {
+    const int64_t i = nvec * N + threadIdx.x;
     out[i] = from_f32<T>(apply_unary(op, to_f32(x[i]), s));
+  }
 }
 
 // ---- generic: strided, runtime dtypes ----
@@ -123,8 +163,6 @@ __global__ void where_kernel(Indexer<4> ix, void* out, int elem_bytes, Operand c
   }
 }
 
-constexpr int kBlock = 256;
-
 void binary_cuda(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   check_cuda_dtype(out.dtype(), "binary");
   check_cuda_dtype(a.dtype(), "binary");
@@ -136,7 +174,7 @@ void binary_cuda(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
   if (fast) {
     dispatch_cuda_float(out.dtype(), "binary", [&](auto tag) {
       using T = decltype(tag);
-      binary_vec_kernel<T><<<grid_for(n / Vec<T>::N + 1, kBlock), kBlock, 0, s>>>(op, ptr<T>(out), ptr<const T>(a),
+      binary_vec_kernel<T><<<vec_grid<T>(n), kBlock, 0, s>>>(op, ptr<T>(out), ptr<const T>(a),
                                                                                  ptr<const T>(b), n);
     });
   } else {
@@ -158,7 +196,7 @@ void unary_cuda(UnaryOp op, const Tensor& out, const Tensor& x, double sc) {
       aligned16(x.data_ptr())) {
     dispatch_cuda_float(out.dtype(), "unary", [&](auto tag) {
       using T = decltype(tag);
-      unary_vec_kernel<T><<<grid_for(n / Vec<T>::N + 1, kBlock), kBlock, 0, s>>>(op, ptr<T>(out), ptr<const T>(x), sf,
+      unary_vec_kernel<T><<<vec_grid<T>(n), kBlock, 0, s>>>(op, ptr<T>(out), ptr<const T>(x), sf,
                                                                                 n);
     });
   } else {

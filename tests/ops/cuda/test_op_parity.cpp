@@ -55,6 +55,10 @@ TEST(CudaParity, Unary) {
   run_parity({"add_scalar", {{4095}}, [](const V& t) { return add_scalar(t[0], 0.5); }});
   run_parity({"pow", {{33}}, [](const V& t) { return pow_scalar(t[0], 1.5); }, true, 0.2, 3.0});
   run_parity({"exp_transposed", {{31, 63}}, [](const V& t) { return exp(transpose(t[0], 0, 1)); }});
+  // Large enough for thousands of blocks of the fast path, a partially filled last block and the
+  // scalar tail (4.5M + 3 elements).
+  run_parity({"exp_large", {{3, 1500001}}, [](const V& t) { return exp(t[0]); }, false});
+  run_parity({"tanh_large", {{1500001, 3}}, [](const V& t) { return tanh(t[0]); }, false});
 }
 
 TEST(CudaParity, Where) {
