@@ -49,18 +49,10 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   const int dc0 = (blockIdx.x % kChunksD) * kDC;
   const int n_block = blockIdx.y;
   const int doc = blockIdx.z;
-  const int q_start = p.cu_seqlens_q[doc], len_q = p.cu_seqlens_q[doc + 1] - q_start;
-  const int k_start = p.cu_seqlens_k[doc], len_k = p.cu_seqlens_k[doc + 1] - k_start;
-  const int n0 = n_block * kBc;
+  const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
+      bwd_tile<kBc, kBr>(p, n_block, doc);
   if (n0 >= len_k) return;
-  const int group = p.num_heads_q / p.num_heads_kv;
   const int D = kExact ? kD : p.head_dim;  // kExact: the head dim is the tile's (no column checks)
-  const int off = len_k - len_q;
-  // Causal: queries below n0 - off see none of these keys.
-  const int m_begin = p.causal ? max(0, n0 - off) / kBr : 0;
-  const int m_tiles = (len_q + kBr - 1) / kBr;
-  const int tiles_per_head = max(0, m_tiles - m_begin);
-  const int n_iter = tiles_per_head * group;
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);

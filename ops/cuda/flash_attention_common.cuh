@@ -160,6 +160,28 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   return t;
 }
 
+// Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query
+// tiles it walks: tiles_per_head kBr-row tiles (from tile m_begin; causal skips the queries that
+// see none of these keys) of each of the `group` query heads sharing the KV head, n_iter in all.
+struct BwdTile {
+  int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
+};
+template <int kBc, int kBr>
+__device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc) {
+  BwdTile t;
+  t.q_start = p.cu_seqlens_q[doc];
+  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
+  t.k_start = p.cu_seqlens_k[doc];
+  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
+  t.n0 = n_block * kBc;
+  t.group = p.num_heads_q / p.num_heads_kv;
+  t.off = t.len_k - t.len_q;
+  t.m_begin = p.causal ? max(0, t.n0 - t.off) / kBr : 0;
+  t.tiles_per_head = max(0, (t.len_q + kBr - 1) / kBr - t.m_begin);
+  t.n_iter = t.tiles_per_head * t.group;
+  return t;
+}
+
 // dst[0..1] += (x, y) as one vector reduction, issued only where `pred` holds. Predicated in PTX
 // so that no branch (and no reconvergence barrier) separates the reductions from the GEMM code
 // around them: ptxas can then interleave them with the next phase's ldmatrix/mma.

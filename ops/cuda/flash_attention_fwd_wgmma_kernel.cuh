@@ -19,7 +19,7 @@
 
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
-#include "cuda/flash_attention_fwd_wgmma_softmax.cuh"
+#include "cuda/flash_attention_fwd_wgmma_common.cuh"
 #include "cuda/flash_attention_wgmma.cuh"
 #include "kestrel/runtime/cuda_check.h"
 
@@ -81,25 +81,8 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   float s[kNs];
   uint32_t pa[kKs][4];
 
-  // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage`.
-  auto issue_qk = [&](int stage) {
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_addr = sQ + (kk / 4) * (kBr * 128) + wg * (64 * 128) + (kk % 4) * 32;
-      const uint32_t b_addr = sK + stage * kKVBytes + (kk / 4) * (kBc * 128) + (kk % 4) * 32;
-      WgmmaSS<T, kBc>::run(s, wgmma_desc(a_addr, 16, 1024), wgmma_desc(b_addr, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-  };
-  // O += P V against the V tile in `stage`.
-  auto issue_pv = [&](int stage) {
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      const uint32_t b_addr = sV + stage * kKVBytes + kk * (16 * 128);
-      WgmmaRS<T, kD>::run(o, pa[kk], wgmma_desc(b_addr, kBc * 128, 1024));
-    }
-    wgmma_commit();
-  };
+  auto issue_qk = [&](int stage) { wgmma_issue_qk<T, kD, kBr, kBc>(s, sQ, sK + stage * kKVBytes, wg); };
+  auto issue_pv = [&](int stage) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + stage * kKVBytes); };
   auto softmax = [&](int nb, float (&alpha)[2]) {
     const int n0 = nb * kBc;
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);

@@ -1,6 +1,7 @@
-// The per-thread pieces of the Hopper wgmma flash attention forwards (cp.async and TMA kernels):
-// the online softmax on an m64n{kBc} S accumulator, the packing of P into wgmma's register-A
-// fragments, the O rescale and the epilogue. A thread holds two query rows of its warpgroup's 64:
+// The pieces shared by the Hopper wgmma flash attention forwards (cp.async and TMA kernels): the
+// two GEMM issues (S = Q K^T, O += P V) on the swizzled shared tiles, the online softmax on an
+// m64n{kBc} S accumulator, the packing of P into wgmma's register-A fragments, the O rescale and
+// the epilogue. A thread holds two query rows of its warpgroup's 64:
 // row_base and row_base + 8 (lane = 4g + c: row 16 * warp + g); accumulator element i of column
 // block j sits at column 8j + 2c + (i & 1) of row row_base + 8 * (i >= 2).
 #pragma once
@@ -8,8 +9,32 @@
 #include <cmath>
 
 #include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention_wgmma.cuh"
 
 namespace kestrel::cuda::fa {
+
+// S[64, kBc] = Q K^T for warpgroup wg's 64 rows of the [kD/64][kBr][64] Q tile at sQ against the
+// [kD/64][kBc][64] K tile at sK; committed as one wgmma group.
+template <typename T, int kD, int kBr, int kBc>
+__device__ __forceinline__ void wgmma_issue_qk(float (&s)[kBc / 2], uint32_t sQ, uint32_t sK, int wg) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t a_addr = sQ + (kk / 4) * (kBr * 128) + wg * (64 * 128) + (kk % 4) * 32;
+    const uint32_t b_addr = sK + (kk / 4) * (kBc * 128) + (kk % 4) * 32;
+    WgmmaSS<T, kBc>::run(s, wgmma_desc(a_addr, 16, 1024), wgmma_desc(b_addr, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O[64, kD] += P V with P in register-A fragments and the [kD/64][kBc][64] V tile at sV read
+// MN-major; committed as one wgmma group.
+template <typename T, int kD, int kBc>
+__device__ __forceinline__ void wgmma_issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kBc / 16][4], uint32_t sV) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk)
+    WgmmaRS<T, kD>::run(o, pa[kk], wgmma_desc(sV + kk * (16 * 128), kBc * 128, 1024));
+  wgmma_commit();
+}
 
 template <int kBc>
 struct WgmmaSoftmaxRows {
