@@ -1,5 +1,6 @@
 #include "support/numerics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -23,7 +24,9 @@ Tensor randu(const Shape& shape, double lo, double hi, DType dtype, Device devic
   return uniform(shape, lo, hi, dtype, device, test_generator());
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
+double rel_l2(const Tensor& a, const Tensor& b) { return rel_l2_floored(a, b, 0.0); }
+
+double rel_l2_floored(const Tensor& a, const Tensor& b, double rms_floor) {
   EXPECT_EQ(a.shape(), b.shape());
   auto x = a.to(Device::cpu()).to(DType::F64).contiguous();
   auto y = b.to(Device::cpu()).to(DType::F64).contiguous();
@@ -35,7 +38,8 @@ double rel_l2(const Tensor& a, const Tensor& b) {
     num += (px[i] - py[i]) * (px[i] - py[i]);
     den += py[i] * py[i];
   }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+  const double floor = rms_floor * std::sqrt(static_cast<double>(std::max<int64_t>(y.numel(), 1)));
+  return std::sqrt(num) / std::max({std::sqrt(den), floor, 1e-300});
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

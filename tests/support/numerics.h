@@ -19,6 +19,9 @@ Tensor randu(const Shape& shape, double lo, double hi, DType dtype = DType::F32,
 
 // ||a - b|| / max(||b||, tiny), both converted to f64 on the host.
 double rel_l2(const Tensor& a, const Tensor& b);
+// rel_l2 with the reference's RMS floored at rms_floor: a reference that is (nearly) zero is then
+// judged in absolute terms against elements of size rms_floor instead of dividing by ~0.
+double rel_l2_floored(const Tensor& a, const Tensor& b, double rms_floor);
 double max_abs_diff(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& t);
 

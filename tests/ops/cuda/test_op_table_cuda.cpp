@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <sstream>
 
 #include "kestrel/autograd/tape.h"
@@ -20,22 +19,6 @@ using testing::OpInputs;
 
 double rel(const Tensor& got, const Tensor& want) {
   return testing::rel_l2(got.to(Device::cpu()).to(DType::F64), want.to(DType::F64));
-}
-
-// Gradient error relative to the reference, whose RMS is floored at 1e-3: a gradient that is exactly
-// zero in f64 (attention with one key per document gives dq = 0) is then judged in absolute terms
-// against the O(1) elements the random upstream gradient produces, instead of dividing by ~0.
-double rel_floored(const Tensor& got, const Tensor& want) {
-  const Tensor g = got.to(Device::cpu()).to(DType::F64).contiguous(), w = want.to(DType::F64).contiguous();
-  const double* pg = g.data<double>();
-  const double* pw = w.data<double>();
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    if (std::isnan(pg[i]) != std::isnan(pw[i])) return INFINITY;
-    num += (pg[i] - pw[i]) * (pg[i] - pw[i]);
-    den += pw[i] * pw[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-6 * static_cast<double>(std::max<int64_t>(w.numel(), 1))));
 }
 
 // Returns "" on success, else a description of the first mismatch.
@@ -92,7 +75,9 @@ std::string check_case(const OpCase& c, DType dt) {
     // Exact ops (tolerance 0) still reach their gradients through sums, which the GPU accumulates in
     // f32 and the CPU in f64: floor the gradient bound at the dtype's parity tolerance.
     double gtol = std::max(2 * tol, testing::parity_tolerance(dt));
-    double e = rel_floored(gg, gw);
+    // Reference RMS floored at 1e-3: a gradient that is exactly zero in f64 (attention with one key
+    // per document gives dq = 0) is judged against the O(1) elements the random upstream produces.
+    double e = testing::rel_l2_floored(gg.to(Device::cpu()), gw, 1e-3);
     if (!(e <= gtol)) {
       err << "gradient of input " << i << " rel_l2 " << e << " > " << gtol;
       return err.str();
