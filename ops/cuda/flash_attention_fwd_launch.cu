@@ -2,12 +2,14 @@
 // head-dim instantiation (64 and 128 exact; other sizes zero-padded to 64/128/256, announced
 // once on stderr as the slower path) and the kernel, and launches on the caller's stream.
 // Kernels (KESTREL_FA_FWD, read on every call so one benchmark process can A/B them), for padded
-// head dims 64 and 128: "tma_s2" (default when the parameters carry total_q/total_k) and "tma"
-// the wgmma kernel fed by the copy engine with 2- / 3-deep K/V rings
-// (flash_attention_fwd_tma_kernel.cuh; +13% at D 128, +27% at D 64 over "wgmma", H200, 8k causal),
-// "wgmma" (the default without token counts) and "wgmma_s2" the same GEMM/softmax loop fed by
-// cp.async (flash_attention_fwd_wgmma_kernel.cuh), "mma" the mma.sync kernel
-// (flash_attention_fwd_kernel.cuh), which also runs head dim 256.
+// head dims 64 and 128: "tma_pp" (default when the parameters carry total_q/total_k), "tma_s2" and
+// "tma": the wgmma kernel fed by the copy engine (flash_attention_fwd_tma_kernel.cuh) with 2-deep
+// K/V rings and the two warpgroups' GEMM issue alternating (head dim 128; at 64 it is "tma_s2"),
+// 2-deep and 3-deep rings without alternation (TMA: +13% at D 128, +27% at D 64 over "wgmma";
+// alternation: +4% bidirectional, +0.3% causal at D 128; H200, 8k); "wgmma" (the default without
+// token counts) and "wgmma_s2" the same GEMM/softmax loop fed by cp.async
+// (flash_attention_fwd_wgmma_kernel.cuh); "mma" the mma.sync kernel (flash_attention_fwd_kernel.cuh),
+// which also runs head dim 256.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -53,16 +55,18 @@ int padded_head_dim(int head_dim) {
   return padded;
 }
 
-enum class FwdKernel { Mma, Wgmma, WgmmaTwoStage, Tma, TmaTwoStage };
+enum class FwdKernel { Mma, Wgmma, WgmmaTwoStage, Tma, TmaTwoStage, TmaPingPong };
 FwdKernel fwd_kernel_choice() {
   const char* e = std::getenv("KESTREL_FA_FWD");
-  if (!e || !*e) return FwdKernel::TmaTwoStage;
+  if (!e || !*e) return FwdKernel::TmaPingPong;
   if (std::strcmp(e, "wgmma") == 0) return FwdKernel::Wgmma;
   if (std::strcmp(e, "mma") == 0) return FwdKernel::Mma;
   if (std::strcmp(e, "wgmma_s2") == 0) return FwdKernel::WgmmaTwoStage;
   if (std::strcmp(e, "tma") == 0) return FwdKernel::Tma;
   if (std::strcmp(e, "tma_s2") == 0) return FwdKernel::TmaTwoStage;
-  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_FWD must be mma, wgmma, wgmma_s2, tma or tma_s2, got '", e, "'");
+  if (std::strcmp(e, "tma_pp") == 0) return FwdKernel::TmaPingPong;
+  KESTREL_CHECK(false, "flash_attention", "KESTREL_FA_FWD must be mma, wgmma, wgmma_s2, tma, tma_s2 or tma_pp, got '",
+                e, "'");
   return FwdKernel::Wgmma;
 }
 
@@ -75,14 +79,18 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   const int d = fa::padded_head_dim(p.head_dim);
   const bool bf = p.dtype == AttnDType::BF16;
   fa::FwdKernel kind = fa::fwd_kernel_choice();
-  const bool tma = kind == fa::FwdKernel::Tma || kind == fa::FwdKernel::TmaTwoStage;
+  const bool tma =
+      kind == fa::FwdKernel::Tma || kind == fa::FwdKernel::TmaTwoStage || kind == fa::FwdKernel::TmaPingPong;
   if (tma && (p.total_q <= 0 || p.total_k <= 0)) kind = fa::FwdKernel::Wgmma;  // no bounds for the maps
-  if ((d == 64 || d == 128) && (kind == fa::FwdKernel::Tma || kind == fa::FwdKernel::TmaTwoStage)) {
-    const int stages = kind == fa::FwdKernel::TmaTwoStage ? 2 : 3;
+  else if (tma && (d == 64 || d == 128)) {
+    const int stages = kind == fa::FwdKernel::Tma ? 3 : 2;
+    const bool pp = kind == fa::FwdKernel::TmaPingPong;
     if (d == 64)
-      bf ? fa::launch_fwd_tma<__nv_bfloat16, 64>(p, stages, stream) : fa::launch_fwd_tma<__half, 64>(p, stages, stream);
+      bf ? fa::launch_fwd_tma<__nv_bfloat16, 64>(p, stages, pp, stream)
+         : fa::launch_fwd_tma<__half, 64>(p, stages, pp, stream);
     else
-      bf ? fa::launch_fwd_tma<__nv_bfloat16, 128>(p, stages, stream) : fa::launch_fwd_tma<__half, 128>(p, stages, stream);
+      bf ? fa::launch_fwd_tma<__nv_bfloat16, 128>(p, stages, pp, stream)
+         : fa::launch_fwd_tma<__half, 128>(p, stages, pp, stream);
     return;
   }
   if ((d == 64 || d == 128) && kind != fa::FwdKernel::Mma) {

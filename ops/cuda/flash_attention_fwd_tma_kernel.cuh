@@ -6,8 +6,10 @@
 //   consumers execute no copy instructions and no proxy fence);
 // - K and V live in kStages-deep rings with a "full" mbarrier per slot (armed with the tile's
 //   bytes) and an "empty" one (one arrival per warp once its wgmma reading the slot completed);
-// - thread 0 refills a slot when every warp has released it, at the end of its iteration, so the
-//   warpgroups are never stopped by a __syncthreads and drift apart freely within the ring.
+// - the first thread of the last warpgroup refills a slot when every warp has released it, at the
+//   end of its iteration, so the warpgroups are never stopped by a __syncthreads;
+// - kPingPong (2 warpgroups): named barriers make the warpgroups take turns issuing their GEMMs
+//   (FA3's scheduling), so one warpgroup's softmax overlaps the other's GEMMs.
 // Boxes read past the tensor's end are zero-filled. A document's last tile can also hold keys of
 // the next document: S masks them (P = 0), and before its first P V GEMM the block zeroes those V
 // rows (once per block, one barrier), so that 0 * (a non-finite value of another document) never
@@ -25,7 +27,7 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kWG, int kBc, int kStages>
+template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong>
 __global__ void __launch_bounds__(kWG * 128, 1)
     flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
                          const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -52,6 +54,9 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   const int g = lane / 4, c = lane % 4;
   const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
   if (m0 >= len_q) return;
+  // The loads are issued by the first thread of the last warpgroup: under ping-pong scheduling that
+  // warpgroup runs behind, so the slots it releases are the last ones freed and it never waits.
+  const bool producer = tid == (kWG - 1) * 128;
   const int wg_row0 = m0 + wg * 64;               // first query row of this warpgroup
   const int row_base = wg_row0 + wwarp * 16 + g;  // rows row_base and row_base + 8 of this thread
 
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     tma_load_tile<kBc, kD>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
                            k_start + (n_blocks - 1 - j) * kBc);
   };
-  if (tid == 0) {
+  if (producer) {
     prefetch_tma_map(&tq);
     prefetch_tma_map(&tk);
     prefetch_tma_map(&tv);
@@ -80,7 +85,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     fence_mbarrier_init();
   }
   __syncthreads();
-  if (tid == 0 && n_blocks > 0) {
+  if (producer && n_blocks > 0) {
     mbar_arrive_expect_tx(barQ, kQBytes);
     tma_load_tile<kBr, kD>(sQ, &tq, barQ, h, q_start + m0);
     for (int j = 0; j < kStages && j < n_blocks; ++j) {
@@ -135,19 +140,28 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     float alpha[2];
     softmax(0, alpha);
     wgmma_pack_p<T, kBc>(s, pa);
-    if (tid == 0 && kStages < n_blocks) {
+    if (producer && kStages < n_blocks) {
       mbar_wait(empty_k(0), 0);
       load_k(kStages);
     }
 
+    if constexpr (kPingPong) {
+      if (wg == 1 && n_blocks > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
+    }
     for (int it = 1; it < n_blocks; ++it) {
       const int slot = it % kStages, pslot = (it - 1) % kStages;
       mbar_wait(full_k(slot), phase(it));
       mbar_wait(full_v(pslot), phase(it - 1));
       if (it == 1) clear_v_tail();
+      // Ping-pong (2 warpgroups): GEMM issue alternates between them, so that one warpgroup's
+      // softmax runs while the other's GEMMs hold the tensor cores (named barriers 1 and 2).
+      if constexpr (kPingPong) named_bar_sync(1 + wg, 256);
       wgmma_fence();
       issue_qk(slot);
       issue_pv(pslot);
+      if constexpr (kPingPong) {
+        if (!(wg == 1 && it == n_blocks - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
+      }
       wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
       fence_regs(s);
       release(empty_k(slot));
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
       release(empty_v(pslot));
       wgmma_rescale_o<kD>(o, alpha);
       wgmma_pack_p<T, kBc>(s, pa);
-      if (tid == 0) {  // refill the two slots released in this iteration
+      if (producer) {  // refill the two slots released in this iteration
         if (it + kStages < n_blocks) {
           mbar_wait(empty_k(slot), phase(it));
           load_k(it + kStages);
@@ -183,7 +197,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 }
 
 template <typename T, int kD>
-void launch_fwd_tma(const FlashAttentionParams& p, int stages, cudaStream_t stream) {
+void launch_fwd_tma(const FlashAttentionParams& p, int stages, bool ping_pong, cudaStream_t stream) {
   constexpr int kWG = WgmmaFwdTraits<kD>::kWG, kBc = WgmmaFwdTraits<kD>::kBc;
   constexpr int kBr = kWG * 64;
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
@@ -196,8 +210,9 @@ void launch_fwd_tma(const FlashAttentionParams& p, int stages, cudaStream_t stre
     kernel<<<grid, kWG * 128, smem, stream>>>(p, tq, tk, tv);
     KESTREL_CUDA_CHECK_LAUNCH();
   };
-  if (stages == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2>, 2);
-  else run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 3>, 3);
+  if (ping_pong && kWG == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2, kWG == 2>, 2);
+  else if (stages == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2, false>, 2);
+  else run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 3, false>, 3);
 }
 
 }  // namespace kestrel::cuda::fa

@@ -20,10 +20,11 @@ namespace kestrel::cuda::fa {
 // Throws kestrel::Error "[flash_attention] ..." if the driver rejects it.
 CUtensorMap make_tma_map_3d(const void* base, AttnDType dtype, int tokens, int heads, int dim, int box_rows);
 
-// The TMA forward (flash_attention_fwd_tma_kernel.cuh), kD 64 and 128, K/V ring depth 2 or 3.
+// The TMA forward (flash_attention_fwd_tma_kernel.cuh), kD 64 and 128, K/V ring depth 2 or 3;
+// ping_pong (2-deep rings, 2-warpgroup blocks only: kD 128) alternates the warpgroups' GEMM issue.
 // Needs p.total_q and p.total_k.
 template <typename T, int kD>
-void launch_fwd_tma(const FlashAttentionParams& p, int stages, cudaStream_t stream);
+void launch_fwd_tma(const FlashAttentionParams& p, int stages, bool ping_pong, cudaStream_t stream);
 
 #if defined(__CUDACC__)
 // Arrives on `bar` (one arrival) and raises its expected transaction bytes by `bytes`.

@@ -560,7 +560,7 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
   KernelEnv restore("KESTREL_FA_FWD");
   uint32_t seed = 600;
-  for (const char* kind : {"mma", "wgmma", "wgmma_s2", "tma"}) {  // "tma_s2" is the default
+  for (const char* kind : {"mma", "wgmma", "wgmma_s2", "tma", "tma_s2"}) {  // "tma_pp" is the default
     ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
     std::printf("[flash] KESTREL_FA_FWD=%s\n", kind);
     for (bool causal : {true, false}) {
@@ -577,7 +577,7 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
       const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, true, t}, seed++);
       ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
       const Result a = run_flash(pr);
-      for (const char* kind : {"wgmma", "wgmma_s2", "tma", "tma_s2"}) {
+      for (const char* kind : {"wgmma", "wgmma_s2", "tma", "tma_s2", "tma_pp"}) {
         ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
         const Result b = run_flash(pr);
         const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
@@ -601,7 +601,7 @@ TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
   KESTREL_REQUIRE_GPU();
   KernelEnv restore("KESTREL_FA_FWD");
   uint32_t seed = 900;
-  for (const char* kind : {"mma", "wgmma", "tma", "tma_s2"}) {
+  for (const char* kind : {"mma", "wgmma", "tma", "tma_s2", "tma_pp"}) {
     ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
     for (int d : {64, 128}) {
       for (bool causal : {true, false}) {
