@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -14,6 +16,12 @@ namespace {
 
 thread_local bool t_in_parallel = false;
 
+// A fork-join pool. Each parallel_for is one Job with its own chunk counter, total and pending
+// count, handed to the workers under the pool mutex as a shared_ptr: a worker that is still leaving
+// an earlier job only ever touches that job's counters (its next chunk index is past that job's
+// total), so a new job can never see chunk numbers or pending counts of an old one. The caller
+// returns once every chunk of its job has run; the job's function is only called for chunk indices
+// below the total, which exist only while the caller waits.
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -28,52 +36,68 @@ class Pool {
   }
 
   void run(int64_t nchunks, const std::function<void(int64_t)>& chunk) {
-    std::unique_lock<std::mutex> lock(mu_);
-    job_ = &chunk;
-    next_ = 0;
-    total_ = nchunks;
-    pending_ = nchunks;
-    error_ = nullptr;
-    ++generation_;
+    auto job = std::make_shared<Job>(chunk, nchunks);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_ = job;
+      ++generation_;
+    }
     cv_.notify_all();
-    lock.unlock();
-    drain();
-    lock.lock();
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
-    job_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    drain(*job);
+    {
+      std::unique_lock<std::mutex> lock(job->mu);
+      job->done_cv.wait(lock, [&] { return job->pending.load() == 0; });
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (current_ == job) current_.reset();
+    }
+    if (job->error) std::rethrow_exception(job->error);
   }
 
  private:
-  void drain() {
+  struct Job {
+    Job(const std::function<void(int64_t)>& f, int64_t n) : fn(f), total(n), pending(n) {}
+    const std::function<void(int64_t)>& fn;
+    const int64_t total;
+    std::atomic<int64_t> next{0}, pending;
+    std::mutex mu;  // guards error and the done signal
+    std::condition_variable done_cv;
+    std::exception_ptr error;
+  };
+
+  static void drain(Job& job) {
+    const bool was_in_parallel = t_in_parallel;
     t_in_parallel = true;
     for (;;) {
-      int64_t i = next_.fetch_add(1);
-      if (i >= total_) break;
+      const int64_t i = job.next.fetch_add(1);
+      if (i >= job.total) break;
       try {
-        (*job_)(i);
+        job.fn(i);
       } catch (...) {
-        std::lock_guard<std::mutex> g(mu_);
-        if (!error_) error_ = std::current_exception();
+        std::lock_guard<std::mutex> g(job.mu);
+        if (!job.error) job.error = std::current_exception();
       }
-      if (pending_.fetch_sub(1) == 1) {
-        std::lock_guard<std::mutex> g(mu_);
-        done_cv_.notify_all();
+      if (job.pending.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> g(job.mu);
+        job.done_cv.notify_all();
       }
     }
-    t_in_parallel = false;
+    t_in_parallel = was_in_parallel;
   }
 
   void worker() {
     uint64_t seen = 0;
     for (;;) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
+        cv_.wait(lock, [&] { return stopping_ || (generation_ != seen && current_ != nullptr); });
         if (stopping_) return;
         seen = generation_;
+        job = current_;
       }
-      drain();
+      drain(*job);
     }
   }
 
@@ -81,21 +105,18 @@ class Pool {
     {
       std::lock_guard<std::mutex> g(mu_);
       stopping_ = true;
-      cv_.notify_all();
     }
+    cv_.notify_all();
     for (auto& t : workers_) t.join();
     workers_.clear();
   }
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(int64_t)>* job_ = nullptr;
-  std::atomic<int64_t> next_{0}, pending_{0};
-  int64_t total_ = 0;
+  std::condition_variable cv_;
+  std::shared_ptr<Job> current_;
   uint64_t generation_ = 0;
   bool stopping_ = false;
-  std::exception_ptr error_;
 };
 
 int default_threads() {
