@@ -418,13 +418,22 @@ OutOfBudgetReport CachingAllocatorPolicy::report_locked(int64_t request) const {
     r.suggestion = "the cache holds " + format_bytes(r.cached_free) + " free but in pieces (largest " +
                    format_bytes(r.largest_free) + "); allocate long-lived tensors first or free "
                    "temporaries earlier";
-  else if (r.budget > 0)
-    r.suggestion = "raise the budget by at least " + format_bytes(short_by) +
-                   " (set_memory_budget / memory_budget), or lower the micro-batch or sequence length, "
-                   "use recompute regions with offload, or offload optimizer state to the host";
-  else
-    r.suggestion = "the device is full: lower the micro-batch or sequence length, use recompute regions "
-                   "with offload, or offload optimizer state to the host";
+  else {
+    // Name the settings that free the most, largest first: the optimizer state moves to the host
+    // whole; saved activations of recompute regions move with recompute=offload.
+    const int64_t opt = r.tag_bytes[static_cast<int>(MemoryTag::OptimizerState)];
+    std::string moves;
+    if (opt > 0)
+      moves = "move the optimizer state (" + format_bytes(opt) +
+              " here) to host memory with optimizer.offload=host (kestrel-train --set optimizer.offload=host; "
+              "AdamW's OptimizerPlacement in the library), ";
+    moves += "lower the micro-batch or sequence length, or use recompute=offload (saved layer inputs in host memory)";
+    if (r.budget > 0)
+      r.suggestion = "raise the budget by at least " + format_bytes(short_by) +
+                     " (set_memory_budget / memory_budget), or " + moves;
+    else
+      r.suggestion = "the device is full: " + moves;
+  }
   return r;
 }
 

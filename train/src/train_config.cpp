@@ -34,6 +34,7 @@ json default_train_config() {
         {"eps", 1e-8},
         {"grad_clip", 1.0},
         {"seed", 1234}}},
+      {"optimizer", {{"offload", "none"}, {"staging_slot_mib", 64}, {"staging_slots", 4}}},
       {"device", "auto"},
       {"precision", "auto"},
       {"recompute", "none"},

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,7 +109,15 @@ struct Trainer::Impl {
     ao.beta2 = tr["beta2"];
     ao.eps = tr["eps"];
     ao.weight_decay = tr["weight_decay"];
-    optim = std::make_unique<AdamW>(task->parameters(), ao);
+    const json& oc = cfg["optimizer"];
+    OptimizerPlacement placement;
+    placement.offload = parse_optimizer_offload(oc["offload"]);
+    const int64_t slot_mib = oc["staging_slot_mib"], slots = oc["staging_slots"];
+    KESTREL_CHECK(slot_mib >= 1 && slot_mib <= 4096, "train", "optimizer.staging_slot_mib must lie in [1, 4096], got ", slot_mib);
+    KESTREL_CHECK(slots >= 2 && slots <= 64, "train", "optimizer.staging_slots must lie in [2, 64], got ", slots);
+    placement.staging_slot_bytes = slot_mib << 20;
+    placement.staging_slots = static_cast<int>(slots);
+    optim = std::make_unique<AdamW>(task->parameters(), ao, placement);
     const int64_t depth = cfg["prefetch"];
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
     Task* t = task.get();
@@ -185,15 +194,54 @@ struct Trainer::Impl {
     std::sort(tags.rbegin(), tags.rend());
     std::string line = "peak " + format_bytes(device.is_cuda() ? s.peak_footprint : s.peak_in_use) + " (";
     for (size_t i = 0; i < tags.size() && i < 3; ++i) line += (i ? ", " : "") + tags[i].second + " " + format_bytes(tags[i].first);
-    return line + ")";
+    line += ")";
+    if (optim->placement().offload == OptimizerOffload::Host) {
+      HostMemory h = host_memory();
+      line += " | host: state " + format_bytes(optim->host_state_bytes()) + ", pinned " + format_bytes(h.pinned) +
+              ", RSS " + format_bytes(h.rss) + " (peak " + format_bytes(h.rss_peak) + ")";
+    }
+    return line;
+  }
+
+  // Host side of the footprint: resident set (now and peak, from /proc/self/status) and pinned bytes.
+  struct HostMemory {
+    int64_t rss = 0, rss_peak = 0, pinned = 0, pinned_peak = 0;
+  };
+  HostMemory host_memory() const {
+    HostMemory h;
+    std::ifstream f("/proc/self/status");
+    std::string key;
+    while (f >> key) {
+      int64_t kib = 0;
+      if (key == "VmRSS:" && f >> kib) h.rss = kib * 1024;
+      else if (key == "VmHWM:" && f >> kib) h.rss_peak = kib * 1024;
+      std::string rest;
+      std::getline(f, rest);
+    }
+#if KESTREL_WITH_CUDA
+    if (device.is_cuda()) {
+      cuda::PinnedStats p = cuda::pinned_stats();
+      h.pinned = p.held;
+      h.pinned_peak = p.peak_held;
+    }
+#endif
+    return h;
   }
 
   // memory_report.json; after an OutOfBudget also the profile of the failing step (memory.json,
   // memory.html, memory_snapshot.pickle), as kestrel-mem writes it.
   void write_memory_report(const std::string& oom = "") const {
     train::write_memory_report(out_dir, device, oom, log_start,
-                               {{"parameters", num_params()}, {"optimizer_state_bytes", optim->state_bytes()}},
+                               {{"parameters", num_params()}, {"optimizer_state_bytes", optim->state_bytes()},
+                                {"optimizer_offload", optimizer_offload_name(optim->placement().offload)},
+                                {"host", host_json()}},
                                {{"source", "kestrel-train OutOfBudget"}, {"step", step + 1}});
+  }
+
+  nlohmann::json host_json() const {
+    HostMemory h = host_memory();
+    return json{{"optimizer_state_bytes", optim->host_state_bytes()}, {"rss_bytes", h.rss}, {"rss_peak_bytes", h.rss_peak},
+                {"pinned_bytes", h.pinned}, {"pinned_peak_bytes", h.pinned_peak}};
   }
 
   EvalResult evaluate() { return task->evaluate(); }
@@ -230,6 +278,9 @@ TrainSummary Trainer::run() {
                 I.task->name().c_str(), I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
                 static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
+  if (I.optim->placement().offload == OptimizerOffload::Host)
+    std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), ", AdamW state on the host (%s)",
+                  format_bytes(I.optim->host_state_bytes()).c_str());
   I.log(buf);
   for (const std::string& o : I.device_overrides)
     I.log("not applied (apply_device_overrides does that; kestrel-train calls it): " + o);
@@ -263,11 +314,21 @@ TrainSummary Trainer::run() {
     double tps = tokens / (ms / 1e3);
     double mfu = peak_flops > 0 ? 6.0 * static_cast<double>(I.num_params()) * tps / peak_flops : 0.0;
     double lr = I.schedule.at(I.step);
-    metrics << json{{"step", I.step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"ms", ms},
+    json row{{"step", I.step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"ms", ms},
                     {"tokens_per_s", tps}, {"mfu", mfu},
-                    {"peak_bytes", memory_trace(I.device).snapshot().peak_in_use}}
-                   .dump()
-            << "\n";
+                    {"peak_bytes", memory_trace(I.device).snapshot().peak_in_use},
+                    {"peak_footprint_bytes", memory_trace(I.device).snapshot().peak_footprint}};
+    const bool offloaded = I.optim->placement().offload == OptimizerOffload::Host;
+    if (offloaded) {
+      const OptimizerStepStats& os = I.optim->last_step_stats();
+      row["optimizer_ms"] = os.host_ms;
+      row["optimizer_update_ms"] = os.update_ms;
+      row["optimizer_copy_wait_ms"] = os.copy_wait_ms;
+      row["gpu_idle_ms"] = I.optim->last_step_gpu_idle_ms();
+      row["host"] = I.host_json();
+    }
+    metrics << row.dump() << "\n";
+    metrics.flush();
     if (I.step % log_every == 0 || I.step == 1 || I.step == I.total_steps) {
       // Progress: time left at the average pace of this run so far.
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
@@ -277,7 +338,14 @@ TrainSummary Trainer::run() {
                     static_cast<long long>(I.step), static_cast<long long>(I.total_steps), loss, gnorm, lr, ms, tps,
                     peak_flops > 0 ? (std::to_string(mfu * 100).substr(0, 4) + "%").c_str() : "n/a",
                     static_cast<int>(eta) / 60, static_cast<int>(eta) % 60, I.memory_line().c_str());
-      I.log(buf);
+      std::string line = buf;
+      if (offloaded) {
+        const OptimizerStepStats& os = I.optim->last_step_stats();
+        std::snprintf(buf, sizeof buf, " | optimizer on host %.0f ms (update %.0f, copy wait %.0f), GPU idle %.0f ms",
+                      os.host_ms, os.update_ms, os.copy_wait_ms, I.optim->last_step_gpu_idle_ms());
+        line += buf;
+      }
+      I.log(line);
     }
     if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
       EvalResult e = I.evaluate();

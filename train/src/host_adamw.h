@@ -1,0 +1,29 @@
+// Private: the AdamW update of host-resident optimizer state (optimizer.offload = "host").
+//
+// The arithmetic is ops/cpu/optim.cpp's reference (and the CUDA kernel's) operation by operation:
+// f32 throughout, no FMA contraction (this file is compiled with -ffp-contract=off), IEEE sqrt and
+// division, round-to-nearest-even 16-bit copies with the runtime's NaN rule, so a step on host state
+// is bit-identical to a step of the on-device AdamW. Loops are written to vectorise and are cloned for
+// AVX-512 / AVX2 / baseline x86-64, selected at run time.
+#pragma once
+
+#include <cstdint>
+
+#include "kestrel/ops/optim.h"
+#include "kestrel/runtime/dtype.h"
+
+namespace kestrel::train {
+
+// The step's f32 constants, computed as the reference computes them (double, then rounded).
+struct HostAdamWConstants {
+  float decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps;
+  static HostAdamWConstants make(const AdamWOptions& o, int64_t step);
+};
+
+// Updates master/m/v[0, n) in place from grad[0, n) (f32, bf16 or f16) and writes the new values to
+// out[0, n) as `out_dtype` (bf16, f16 or f32; nullptr: no copy). Single-threaded: callers split the
+// range across threads.
+void host_adamw_update(float* master, float* m, float* v, const void* grad, DType grad_dtype, void* out,
+                       DType out_dtype, int64_t n, const HostAdamWConstants& c);
+
+}  // namespace kestrel::train
