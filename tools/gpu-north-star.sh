@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The north-star runs on the device machine in one call: the optimizer-offload GPU/CPU tests, then
+# kestrel-train runs observed through NVML (bench/train_memory_run.py), a summary table last.
+#
+# usage: tools/gpu-north-star.sh BIN_DIR [tests|small|first|second|all]
+#   BIN_DIR: libkestrel.so, kestrel-train, test_train, test_train_cuda, test_runtime.
+#   tests  : the offload tests only
+#   small  : tests + the 1.5B decoder at 8k, optimizer.offload none vs host
+#   first  : small + the 9B / 250k / 8k decoder inside 40 GiB, accumulation 1 (NS_STEPS1 steps, 12)
+#   second : the 9B inside 40 GiB, accumulation 1 (NS_STEPS1, 20) and 8 (NS_STEPS8, 4)
+#   all    : small + second
+# Environment: NS_SET="k=v k=v" extra --set entries for every run.
+set -u
+cd "$(dirname "$0")/.."
+B=$(realpath "${1:-.carry}")
+MODE=${2:-first}
+RESULTS=${OUT:-/tmp/kestrel-north-star}
+LOGS=/tmp/kestrel-ns-logs
+mkdir -p "$RESULTS" "$LOGS"
+export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+echo "host: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2 " GiB RAM, " $7 " GiB available"}'), THP $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+extra=()
+for kv in ${NS_SET:-}; do extra+=(--set "$kv"); done
+rows=()
+run() {  # run LABEL TIMEOUT CONFIG [--set k=v ...]
+  local label=$1 limit=$2 cfg=$3
+  shift 3
+  timeout "$limit" python3 bench/train_memory_run.py --bin "$B" --config "$cfg" --label "$label" \
+    --json "$LOGS/$label.json" "$@" "${extra[@]}" >"$LOGS/$label.log" 2>&1
+  echo "== $label: exit $?"
+  grep -E "^step|OutOfBudget|error|Error" "$LOGS/$label.log" | tail -n 4
+  rows+=("$(grep '^| ' "$LOGS/$label.log" | tail -n 1)")
+}
+
+"$B/test_runtime" --gtest_brief=1 --gtest_filter='ParallelFor*' 2>&1 | tail -n 3
+"$B/test_train" --gtest_brief=1 --gtest_filter='AdamWOffload*' 2>&1 | tail -n 3
+"$B/test_train_cuda" --gtest_brief=1 --gtest_filter='AdamWOffload*' 2>&1 | tail -n 3
+[ "$MODE" = tests ] && exit 0
+
+S1=${NS_STEPS1:-12}
+S8=${NS_STEPS8:-4}
+if [ "$MODE" != second ]; then
+  run 1b5_none 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=none --set out_dir=runs/1b5_none
+  run 1b5_host 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=host --set out_dir=runs/1b5_host
+fi
+if [ "$MODE" = first ]; then
+  run 9b_40g_acc1 300 configs/llama_9b_250k_8k.json --set train.steps="$S1" --set out_dir=runs/9b_acc1
+fi
+if [ "$MODE" = second ] || [ "$MODE" = all ]; then
+  S1=${NS_STEPS1:-20}
+  run 9b_40g_acc1 240 configs/llama_9b_250k_8k.json --set train.steps="$S1" --set out_dir=runs/9b_acc1
+  run 9b_40g_acc8 240 configs/llama_9b_250k_8k.json --set train.steps="$S8" --set train.grad_accum=8 \
+    --warmup 1 --set train.warmup_steps=1 --set out_dir=runs/9b_acc8
+fi
+echo
+echo "== summary"
+for r in "${rows[@]}"; do echo "$r"; done
+cat "$LOGS"/*.log >"$RESULTS/runs.log" 2>/dev/null
+cp "$LOGS"/*.json "$RESULTS/" 2>/dev/null
+true
