@@ -49,10 +49,16 @@ if [ "$MODE" = first ]; then
   run 9b_40g_acc1 300 configs/llama_9b_250k_8k.json --set train.steps="$S1" --set out_dir=runs/9b_acc1
 fi
 if [ "$MODE" = second ] || [ "$MODE" = all ]; then
+  timeout 60 python3 bench/offload_designs.py 2>&1 | tee "$LOGS/designs.log"
+  "$B/kestrel-mem" plan --config configs/llama_9b_250k_8k.json 2>&1 | tee "$LOGS/plan_9b.log"
   S1=${NS_STEPS1:-20}
   run 9b_40g_acc1 240 configs/llama_9b_250k_8k.json --set train.steps="$S1" --set out_dir=runs/9b_acc1
   run 9b_40g_acc8 240 configs/llama_9b_250k_8k.json --set train.steps="$S8" --set train.grad_accum=8 \
     --warmup 1 --set train.warmup_steps=1 --set out_dir=runs/9b_acc8
+  # The anchor in the same call: the state on the device, no budget (needs ~137 GiB).
+  [ -n "${NS_ANCHOR:-}" ] && run 9b_none_acc8 150 configs/llama_9b_250k_8k.json --set train.steps=3 \
+    --set train.grad_accum=8 --warmup 1 --set train.warmup_steps=1 --set optimizer.offload=none \
+    --set memory_budget= --set out_dir=runs/9b_none_acc8
 fi
 echo
 echo "== summary"

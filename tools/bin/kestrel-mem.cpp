@@ -7,6 +7,7 @@
 //       predicts the peak per tag without running; says whether it fits and the headroom.
 // Exit codes: 0 ok (plan: fits), 1 error, 2 usage, 3 out of budget (profile) / does not fit (plan).
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,20 @@ int profile(const Args& a) {
             {"precision", plan.precision}, {"recompute", plan.recompute},
             {"batch_size", cfg["train"]["batch_size"]}, {"tokens_per_micro_batch", plan.tokens}};
   if (!oom.empty()) p.meta["out_of_budget"] = oom;
+  // The host side (optimizer.offload=host): the AdamW state as the CPU trace counted it (tag
+  // OptimizerState), pinned staging, and the process's peak resident set.
+  const int64_t host_state = memory_trace(Device::cpu()).snapshot().tags[static_cast<int>(MemoryTag::OptimizerState)].peak;
+  int64_t rss_peak = 0;
+  {
+    std::ifstream st("/proc/self/status");
+    std::string key;
+    while (st >> key) {
+      if (key == "VmHWM:") st >> rss_peak, rss_peak *= 1024;
+      std::string rest;
+      std::getline(st, rest);
+    }
+  }
+  p.meta["host"] = {{"optimizer_state_peak", host_state}, {"rss_peak", rss_peak}};
   p.plan = plan.to_json();
   std::string path = train::write_memory_profile(p, a.out);
   std::printf("%s", train::profile_summary(p).c_str());
@@ -103,6 +118,15 @@ int profile(const Args& a) {
   }
   std::printf("%-16s %14s %14s %7.1f%%\n", "peak in use", format_bytes(plan.peak).c_str(), format_bytes(p.peak_in_use).c_str(),
               p.peak_in_use ? 100.0 * static_cast<double>(plan.peak) / static_cast<double>(p.peak_in_use) : 0.0);
+  if (plan.host_optimizer_state > 0 || host_state > 0) {
+    std::printf("%-16s %14s %14s %7.1f%%\n", "host opt. state", format_bytes(plan.host_optimizer_state).c_str(),
+                format_bytes(host_state).c_str(),
+                host_state ? 100.0 * static_cast<double>(plan.host_optimizer_state) / static_cast<double>(host_state) : 0.0);
+    std::printf("%-16s %14s %14s %7.1f%%\n", "host total", format_bytes(plan.host_optimizer_state + plan.host_pinned).c_str(),
+                format_bytes(rss_peak).c_str(),
+                rss_peak ? 100.0 * static_cast<double>(plan.host_optimizer_state + plan.host_pinned) / static_cast<double>(rss_peak)
+                         : 0.0);
+  }
   std::printf("wrote %s, %s/memory.html and %s/memory_snapshot.pickle (PyTorch memory_viz format)\n", path.c_str(),
               a.out.c_str(), a.out.c_str());
   if (rc == 3) std::fprintf(stderr, "kestrel-mem: the run went out of the memory budget:\n%s\n", oom.c_str());

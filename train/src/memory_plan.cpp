@@ -407,7 +407,17 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.alloc(MemoryTag::Parameter, last * 4);
     L.free(MemoryTag::Parameter, last * 4);
   }
-  L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
+  // AdamW state (train/src/optimizer.cpp): f32 moments, plus f32 masters for 16-bit parameters, on
+  // the device; with optimizer.offload "host" (CUDA) master + moments live in host memory instead and
+  // the device holds nothing of it; the host also pins 2 x staging_slots x staging_slot_mib.
+  plan.optimizer_offload = cfg["optimizer"]["offload"].get<std::string>();
+  if (plan.optimizer_offload == "host" && on_cuda) {
+    plan.host_optimizer_state = plan.parameters * 12;
+    plan.host_pinned = 2 * cfg["optimizer"]["staging_slots"].get<int64_t>() *
+                       (cfg["optimizer"]["staging_slot_mib"].get<int64_t>() << 20);
+  } else {
+    L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
+  }
 
   // The batch (train/src/batch_prefetcher.cpp). On the CPU its arrays view the prefetcher's host
   // memory (not counted). On CUDA they are device copies (Activation, label "data"): ids, labels,
@@ -564,7 +574,10 @@ json MemoryPlan::to_json() const {
   for (int t = 0; t < kNumMemoryTags; ++t) tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = tag_peak[t];
   return json{{"peak", peak},           {"peak_where", peak_where}, {"external", external}, {"budget", budget},
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
-              {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags}};
+              {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
+              {"optimizer_offload", optimizer_offload},
+              {"host", {{"optimizer_state", host_optimizer_state}, {"pinned", host_pinned},
+                        {"total", host_optimizer_state + host_pinned}}}};
 }
 
 std::string MemoryPlan::table() const {
@@ -583,6 +596,12 @@ std::string MemoryPlan::table() const {
   os << buf;
   std::snprintf(buf, sizeof buf, "  %-16s %14s\n", "+ external", format_bytes(peak + external).c_str());
   os << buf;
+  if (host_optimizer_state > 0) {
+    std::snprintf(buf, sizeof buf, "host (optimizer.offload=host): AdamW state %s + pinned staging %s = %s\n",
+                  format_bytes(host_optimizer_state).c_str(), format_bytes(host_pinned).c_str(),
+                  format_bytes(host_optimizer_state + host_pinned).c_str());
+    os << buf;
+  }
   if (budget > 0) {
     std::snprintf(buf, sizeof buf, "%s: budget %s, headroom %s\n", fits ? "FITS" : "DOES NOT FIT",
                   format_bytes(budget).c_str(), format_bytes(headroom).c_str());

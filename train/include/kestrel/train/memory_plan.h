@@ -40,6 +40,10 @@ struct MemoryPlan {
   int64_t tokens = 0;         // tokens in the largest micro-batch planned
   int64_t parameters = 0;     // parameter count
   std::string precision, recompute, device;
+  // optimizer.offload "host": what the host holds instead (bytes); the device budget excludes it.
+  std::string optimizer_offload = "none";
+  int64_t host_optimizer_state = 0;  // f32 master + exp_avg + exp_avg_sq
+  int64_t host_pinned = 0;           // the staging ring
   nlohmann::json to_json() const;
   std::string table() const;  // a terminal table per tag
 };
