@@ -17,6 +17,7 @@ namespace kestrel::models {
 
 namespace {
 constexpr const char* kComp = "config";
+constexpr const char* kTextModels = "llama, qwen2, qwen3";
 using nlohmann::json;
 
 // Where we are: the file (or "<json>") and the nesting prefix ("text_config.").
@@ -106,12 +107,142 @@ std::string model_type_of(const json& j, const Ctx& c, const char* fallback) {
   return t;
 }
 
+void read_opt_double(const json& j, const Ctx& c, const char* key, std::optional<double>& out) {
+  const json* v = lookup(j, key);
+  if (v == nullptr) return;
+  if (!v->is_number()) type_error(c, key, "a number or null", *v);
+  out = v->get<double>();
+}
+
+[[noreturn]] void refuse(const Ctx& c, const char* key, const json& v, const std::string& why) {
+  throw make_error(kComp, "'", c.source, "': field '", c.field(key), "' = ", v.dump(), " is not supported: ", why);
+}
+
 // ---- text ----
+
+// Keys parse_text reads and to_json writes; every other key (top-level original_max_position_embeddings
+// and partial_rotary_factor included) is kept verbatim in extra_json. "architectures" is rewritten by
+// to_json, "dtype" is the transformers 5 spelling of torch_dtype.
+bool is_text_key(const std::string& k) {
+  static const char* const keys[] = {
+      "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+      "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
+      "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "use_sliding_window"};
+  for (const char* key : keys)
+    if (k == key) return true;
+  return false;
+}
+
+// The audit: fields that change the maths of a llama/qwen2 model and that Kestrel does not compute
+// are refused here, by name (a config that merely carries them with their neutral value passes).
+void audit_text_fields(const json& j, const Ctx& c, const std::string& type) {
+  auto truthy = [](const json* v) { return v != nullptr && !(v->is_boolean() && !v->get<bool>()); };
+  if (type == "qwen2" || type == "qwen3") {
+    const json* v = lookup(j, "use_sliding_window");
+    if (v && !v->is_boolean()) type_error(c, "use_sliding_window", "true or false", *v);
+    // transformers: layers i >= max_window_layers (default 28) slide when use_sliding_window is true.
+    int64_t window_from = 28, layers = 32;
+    read_int(j, c, "max_window_layers", window_from);
+    read_int(j, c, "num_hidden_layers", layers);
+    if (truthy(v) && window_from < layers)
+      refuse(c, "use_sliding_window", *v,
+             "sliding-window attention is not implemented (Kestrel attends over the whole causal window)");
+  }
+  if (const json* lt = lookup(j, "layer_types")) {
+    if (!lt->is_array()) type_error(c, "layer_types", "a list of strings", *lt);
+    for (const json& e : *lt)
+      if (!e.is_string() || e.get<std::string>() != "full_attention")
+        refuse(c, "layer_types", *lt,
+               "only \"full_attention\" layers are implemented (sliding-window attention is not)");
+  }
+  if (const json* v = lookup(j, "partial_rotary_factor")) {
+    if (!v->is_number()) type_error(c, "partial_rotary_factor", "a number", *v);
+    if (v->get<double>() != 1.0)
+      refuse(c, "partial_rotary_factor", *v, "llama/qwen2/qwen3 rotate the whole head (partial rotary is not implemented)");
+  }
+  if (type == "llama") {
+    if (const json* v = lookup(j, "mlp_bias")) {
+      if (!v->is_boolean()) type_error(c, "mlp_bias", "true or false", *v);
+      if (v->get<bool>()) refuse(c, "mlp_bias", *v, "MLP biases are not implemented");
+    }
+  }
+  for (const char* key : {"qk_norm", "use_qk_norm"}) {
+    const json* v = lookup(j, key);
+    if (type != "qwen3" && truthy(v)) refuse(c, key, *v, "q/k normalisation is not part of " + type + " (use model_type qwen3)");
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping", "logit_softcapping"}) {
+    if (const json* v = lookup(j, key)) refuse(c, key, *v, "logit soft-capping is not implemented");
+  }
+  if (const json* v = lookup(j, "attention_dropout")) {
+    if (!v->is_number()) type_error(c, "attention_dropout", "a number", *v);
+    if (v->get<double>() != 0.0) refuse(c, "attention_dropout", *v, "attention dropout is not implemented");
+  }
+}
+
+// rope_theta, rope_scaling / rope_parameters as transformers 5 standardises them: the scaling dict is
+// rope_scaling when non-empty, else rope_parameters; its rope_theta wins over the top-level one; the
+// type is rope_type, else the legacy "type", else "default"; original_max_position_embeddings is the
+// top-level key, else the dict's, else max_position_embeddings. Needs max_position_embeddings read.
+void parse_rope(const json& j, const Ctx& c, TextConfig& t) {
+  read_double(j, c, "rope_theta", t.rope_theta);
+  const json* rs = lookup(j, "rope_scaling");
+  const json* rp = lookup(j, "rope_parameters");
+  if (rs && !rs->is_object()) type_error(c, "rope_scaling", "an object or null", *rs);
+  if (rp && !rp->is_object()) type_error(c, "rope_parameters", "an object or null", *rp);
+  const bool use_scaling = rs && !rs->empty();
+  const json* d = use_scaling ? rs : rp;
+  RopeScaling s;
+  s.original_max_position_embeddings = t.max_position_embeddings;
+  read_int(j, c, "original_max_position_embeddings", s.original_max_position_embeddings);
+  if (d == nullptr) {
+    t.rope_scaling = s;
+    return;
+  }
+  const Ctx in{c.source, c.prefix + (use_scaling ? "rope_scaling." : "rope_parameters.")};
+  read_double(*d, in, "rope_theta", t.rope_theta);
+  read_string(*d, in, "type", s.rope_type);
+  read_string(*d, in, "rope_type", s.rope_type);
+  if (const json* v = lookup(*d, "partial_rotary_factor")) {
+    if (!v->is_number()) type_error(in, "partial_rotary_factor", "a number", *v);
+    if (v->get<double>() != 1.0)
+      refuse(in, "partial_rotary_factor", *v, "llama/qwen2/qwen3 rotate the whole head (partial rotary is not implemented)");
+  }
+  read_opt_double(*d, in, "factor", s.factor);
+  if (lookup(j, "original_max_position_embeddings") == nullptr)
+    read_int(*d, in, "original_max_position_embeddings", s.original_max_position_embeddings);
+  read_double(*d, in, "low_freq_factor", s.low_freq_factor);
+  read_double(*d, in, "high_freq_factor", s.high_freq_factor);
+  read_opt_double(*d, in, "attention_factor", s.attention_factor);
+  read_opt_double(*d, in, "beta_fast", s.beta_fast);
+  read_opt_double(*d, in, "beta_slow", s.beta_slow);
+  read_opt_double(*d, in, "mscale", s.mscale);
+  read_opt_double(*d, in, "mscale_all_dim", s.mscale_all_dim);
+  read_bool(*d, in, "truncate", s.truncate);
+  const std::string& rt = s.rope_type;
+  KESTREL_CHECK(rt == "default" || rt == "linear" || rt == "dynamic" || rt == "llama3" || rt == "yarn", kComp, "'",
+                c.source, "': field '", in.field("rope_type"), "' is '", rt, "'; supported: ",
+                supported_rope_types());
+  if (rt == "linear" || rt == "dynamic" || rt == "llama3" || rt == "yarn")
+    KESTREL_CHECK(lookup(*d, "factor") != nullptr || (rt == "yarn" && d->contains("factor")), kComp, "'", c.source,
+                  "': field '", in.field("factor"), "' is required for rope_type '", rt, "'");
+  if (rt == "llama3")
+    for (const char* key : {"low_freq_factor", "high_freq_factor"})
+      KESTREL_CHECK(lookup(*d, key) != nullptr, kComp, "'", c.source, "': field '", in.field(key),
+                    "' is required for rope_type 'llama3'");
+  t.rope_scaling = s;
+  json rest = *d;
+  rest.erase("rope_theta");
+  if (!(rt == "default" && (rest.empty() || (rest.size() == 1 && (rest.contains("rope_type") || rest.contains("type"))))))
+    t.rope_scaling_json = rest.dump();
+}
+
 TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
   check_object(j, c);
   const std::string type = model_type_of(j, c, fallback_type);
-  KESTREL_CHECK(type == "llama" || type == "qwen2", kComp, "'", c.source, "': field '", c.field("model_type"),
-                "' is '", type, "'; supported text models: llama, qwen2");
+  KESTREL_CHECK(type == "llama" || type == "qwen2" || type == "qwen3", kComp, "'", c.source, "': field '",
+                c.field("model_type"), "' is '", type, "'; supported text models: ", kTextModels);
+  audit_text_fields(j, c, type);
   TextConfig t = TextConfig::defaults_for(type);
   read_int(j, c, "vocab_size", t.vocab_size);
   read_int(j, c, "hidden_size", t.hidden_size);
@@ -120,42 +251,55 @@ TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
   read_int(j, c, "num_attention_heads", t.num_attention_heads);
   t.num_key_value_heads = t.num_attention_heads;
   read_int(j, c, "num_key_value_heads", t.num_key_value_heads);
-  t.head_dim = t.num_attention_heads > 0 ? t.hidden_size / t.num_attention_heads : 0;
+  if (type != "qwen3")  // Qwen3Config's head_dim defaults to 128, not hidden / heads
+    t.head_dim = t.num_attention_heads > 0 ? t.hidden_size / t.num_attention_heads : 0;
   read_int(j, c, "head_dim", t.head_dim);
   read_int(j, c, "max_position_embeddings", t.max_position_embeddings);
   read_double(j, c, "rms_norm_eps", t.rms_norm_eps);
-  read_double(j, c, "rope_theta", t.rope_theta);
-  if (const json* rs = lookup(j, "rope_scaling")) {
-    if (!rs->is_object()) type_error(c, "rope_scaling", "an object or null", *rs);
-    t.rope_scaling_json = rs->dump();
-  }
-  // transformers >= 5 nests the theta (and any scaling) in rope_parameters.
-  if (const json* rp = lookup(j, "rope_parameters")) {
-    if (!rp->is_object()) type_error(c, "rope_parameters", "an object or null", *rp);
-    Ctx inner{c.source, c.prefix + "rope_parameters."};
-    read_double(*rp, inner, "rope_theta", t.rope_theta);
-    json rest = *rp;
-    rest.erase("rope_theta");
-    const std::string rope_type = rest.value("rope_type", std::string("default"));
-    if (rope_type != "default" && t.rope_scaling_json.empty()) t.rope_scaling_json = rest.dump();
-  }
+  parse_rope(j, c, t);
   read_bool(j, c, "tie_word_embeddings", t.tie_word_embeddings);
-  if (type == "llama") {
-    read_bool(j, c, "attention_bias", t.attention_bias);
-    read_bool(j, c, "mlp_bias", t.mlp_bias);
-  }
+  if (type == "llama" || type == "qwen3") read_bool(j, c, "attention_bias", t.attention_bias);
+  if (type == "llama") read_bool(j, c, "mlp_bias", t.mlp_bias);
   read_string(j, c, "hidden_act", t.hidden_act);
   read_opt_int(j, c, "bos_token_id", t.bos_token_id);
   read_int_list(j, c, "eos_token_id", t.eos_token_ids);
   read_opt_int(j, c, "pad_token_id", t.pad_token_id);
   read_string(j, c, "torch_dtype", t.torch_dtype);
   if (t.torch_dtype.empty()) read_string(j, c, "dtype", t.torch_dtype);
+  json extra = json::object();
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!is_text_key(it.key()) || (type == "qwen2" && it.key() == "attention_bias") ||
+        (type != "llama" && it.key() == "mlp_bias"))
+      extra[it.key()] = it.value();
+  if (!extra.empty()) t.extra_json = extra.dump();
   return t;
 }
 
+void validate_rope(const TextConfig& t, const Ctx& c) {
+  const RopeScaling& s = t.rope_scaling;
+  const std::string& rt = s.rope_type;
+  KESTREL_CHECK(rt == "default" || rt == "linear" || rt == "dynamic" || rt == "llama3" || rt == "yarn", kComp, "'",
+                c.source, "': field '", c.field("rope_scaling.rope_type"), "' is '", rt, "'; supported: ",
+                supported_rope_types());
+  if (rt == "default") return;
+  if (rt != "yarn" || s.factor)
+    KESTREL_CHECK(s.factor && *s.factor > 0, kComp, "'", c.source, "': field '", c.field("rope_scaling.factor"),
+                  "' must be a positive number for rope_type '", rt, "'");
+  if (rt == "llama3" || rt == "yarn")
+    KESTREL_CHECK(s.original_max_position_embeddings > 0, kComp, "'", c.source, "': field '",
+                  c.field("rope_scaling.original_max_position_embeddings"), "' must be positive, got ",
+                  s.original_max_position_embeddings);
+  if (rt == "llama3")
+    KESTREL_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor, kComp, "'", c.source,
+                  "': fields '", c.field("rope_scaling.low_freq_factor"), "' and 'high_freq_factor' must satisfy 0 < "
+                  "low < high, got ", s.low_freq_factor, " and ", s.high_freq_factor);
+  if (rt == "dynamic")
+    KESTREL_CHECK(t.head_dim > 2, kComp, "'", c.source, "': rope_type 'dynamic' needs head_dim > 2");
+}
+
 void validate_text(const TextConfig& t, const Ctx& c) {
-  KESTREL_CHECK(t.model_type == "llama" || t.model_type == "qwen2", kComp, "'", c.source, "': field '",
-                c.field("model_type"), "' is '", t.model_type, "'; supported text models: llama, qwen2");
+  KESTREL_CHECK(t.model_type == "llama" || t.model_type == "qwen2" || t.model_type == "qwen3", kComp, "'", c.source,
+                "': field '", c.field("model_type"), "' is '", t.model_type, "'; supported text models: ", kTextModels);
   check_positive(c, "vocab_size", t.vocab_size);
   check_positive(c, "hidden_size", t.hidden_size);
   check_positive(c, "intermediate_size", t.intermediate_size);
@@ -166,9 +310,11 @@ void validate_text(const TextConfig& t, const Ctx& c) {
   check_positive(c, "max_position_embeddings", t.max_position_embeddings);
   check_positive(c, "rms_norm_eps", t.rms_norm_eps);
   check_positive(c, "rope_theta", t.rope_theta);
-  KESTREL_CHECK(t.hidden_size % t.num_attention_heads == 0, kComp, "'", c.source, "': field '",
-                c.field("num_attention_heads"), "' (", t.num_attention_heads, ") must divide hidden_size (",
-                t.hidden_size, ")");
+  // An explicit head_dim need not be hidden / heads (q_proj is [heads * head_dim, hidden] either way);
+  // a derived one must divide exactly.
+  KESTREL_CHECK(t.hidden_size % t.num_attention_heads == 0 || t.head_dim != t.hidden_size / t.num_attention_heads,
+                kComp, "'", c.source, "': field '", c.field("num_attention_heads"), "' (", t.num_attention_heads,
+                ") must divide hidden_size (", t.hidden_size, ") unless head_dim is given");
   KESTREL_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, kComp, "'", c.source, "': field '",
                 c.field("num_key_value_heads"), "' (", t.num_key_value_heads, ") must divide num_attention_heads (",
                 t.num_attention_heads, ")");
@@ -176,13 +322,38 @@ void validate_text(const TextConfig& t, const Ctx& c) {
                 "' must be even for rotary embeddings, got ", t.head_dim);
   KESTREL_CHECK(t.hidden_act == "silu", kComp, "'", c.source, "': field '", c.field("hidden_act"), "' is '",
                 t.hidden_act, "'; only 'silu' is supported");
-  KESTREL_CHECK(t.model_type == "llama" || (!t.attention_bias && !t.mlp_bias), kComp, "'", c.source,
-                "': attention_bias/mlp_bias are llama fields; qwen2 always has q/k/v bias and no o_proj bias");
+  KESTREL_CHECK(t.model_type != "qwen2" || (!t.attention_bias && !t.mlp_bias), kComp, "'", c.source,
+                "': attention_bias/mlp_bias are llama/qwen3 fields; qwen2 always has q/k/v bias and no o_proj bias");
+  KESTREL_CHECK(!t.mlp_bias, kComp, "'", c.source, "': field '", c.field("mlp_bias"),
+                "' = true is not supported: MLP biases are not implemented");
+  validate_rope(t, c);
+}
+
+json rope_scaling_to_json(const RopeScaling& s) {
+  json r = {{"rope_type", s.rope_type}};
+  if (s.factor) r["factor"] = *s.factor;
+  if (s.rope_type == "llama3" || s.rope_type == "yarn")
+    r["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  if (s.rope_type == "llama3") {
+    r["low_freq_factor"] = s.low_freq_factor;
+    r["high_freq_factor"] = s.high_freq_factor;
+  }
+  if (s.rope_type == "yarn") {
+    if (s.attention_factor) r["attention_factor"] = *s.attention_factor;
+    if (s.beta_fast) r["beta_fast"] = *s.beta_fast;
+    if (s.beta_slow) r["beta_slow"] = *s.beta_slow;
+    if (s.mscale) r["mscale"] = *s.mscale;
+    if (s.mscale_all_dim) r["mscale_all_dim"] = *s.mscale_all_dim;
+    if (!s.truncate) r["truncate"] = false;
+  }
+  return r;
 }
 
 json text_to_json(const TextConfig& t) {
   json j = json::object();
-  j["architectures"] = {t.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["architectures"] = {t.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                        : t.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                                  : "LlamaForCausalLM"};
   j["model_type"] = t.model_type;
   j["vocab_size"] = t.vocab_size;
   j["hidden_size"] = t.hidden_size;
@@ -190,18 +361,17 @@ json text_to_json(const TextConfig& t) {
   j["num_hidden_layers"] = t.num_hidden_layers;
   j["num_attention_heads"] = t.num_attention_heads;
   j["num_key_value_heads"] = t.num_key_value_heads;
-  if (t.model_type == "llama" || t.head_dim != t.hidden_size / t.num_attention_heads) j["head_dim"] = t.head_dim;
+  if (t.model_type != "qwen2" || t.head_dim != t.hidden_size / t.num_attention_heads) j["head_dim"] = t.head_dim;
   j["max_position_embeddings"] = t.max_position_embeddings;
   j["rms_norm_eps"] = t.rms_norm_eps;
   j["rope_theta"] = t.rope_theta;
-  j["rope_scaling"] = t.rope_scaling_json.empty() ? json(nullptr) : json::parse(t.rope_scaling_json);
+  j["rope_scaling"] = !t.rope_scaling_json.empty() ? json::parse(t.rope_scaling_json)
+                      : t.rope_scaling.is_default()  ? json(nullptr)
+                                                     : rope_scaling_to_json(t.rope_scaling);
   j["tie_word_embeddings"] = t.tie_word_embeddings;
-  if (t.model_type == "llama") {
-    j["attention_bias"] = t.attention_bias;
-    j["mlp_bias"] = t.mlp_bias;
-  } else {
-    j["use_sliding_window"] = false;
-  }
+  if (t.model_type != "qwen2") j["attention_bias"] = t.attention_bias;
+  if (t.model_type == "llama") j["mlp_bias"] = t.mlp_bias;
+  if (t.model_type != "llama") j["use_sliding_window"] = false;
   j["hidden_act"] = t.hidden_act;
   j["bos_token_id"] = t.bos_token_id ? json(*t.bos_token_id) : json(nullptr);
   if (t.eos_token_ids.empty()) j["eos_token_id"] = nullptr;
@@ -209,6 +379,11 @@ json text_to_json(const TextConfig& t) {
   else j["eos_token_id"] = t.eos_token_ids;
   if (t.pad_token_id) j["pad_token_id"] = *t.pad_token_id;
   if (!t.torch_dtype.empty()) j["torch_dtype"] = t.torch_dtype;
+  if (!t.extra_json.empty()) {
+    const json extra = json::parse(t.extra_json);
+    for (auto it = extra.begin(); it != extra.end(); ++it)
+      if (!j.contains(it.key())) j[it.key()] = it.value();
+  }
   return j;
 }
 
@@ -274,7 +449,7 @@ json vision_to_json(const VisionConfig& v) {
 TextConfig TextConfig::defaults_for(const std::string& model_type) {
   TextConfig t;
   t.model_type = model_type;
-  if (model_type == "qwen2") {
+  if (model_type == "qwen2" || model_type == "qwen3") {
     t.vocab_size = 151936;
     t.intermediate_size = 22016;
     t.max_position_embeddings = 32768;
@@ -282,7 +457,7 @@ TextConfig TextConfig::defaults_for(const std::string& model_type) {
     t.eos_token_ids.clear();
   } else {
     KESTREL_CHECK(model_type == "llama", kComp, "unknown text model_type '", model_type,
-                  "'; supported: llama, qwen2");
+                  "'; supported: ", kTextModels);
     t.bos_token_id = 1;
     t.eos_token_ids = {2};
   }
@@ -297,6 +472,18 @@ TextConfig TextConfig::from_json(const nlohmann::json& j, const std::string& sou
 }
 
 TextConfig TextConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
+
+RopeFrequencies TextConfig::rope_frequencies(int64_t seq_len) const {
+  return models::rope_frequencies(rope_scaling, rope_theta, head_dim, max_position_embeddings, seq_len);
+}
+
+void TextConfig::check_sequence_length(int64_t seq_len) const {
+  KESTREL_CHECK(rope_scaling.rope_type != "dynamic" || seq_len <= max_position_embeddings, "rope",
+                "rope_type 'dynamic' with a sequence of ", seq_len, " tokens past max_position_embeddings (",
+                max_position_embeddings, "): transformers then recomputes the frequencies from the longest sequence "
+                "seen so far (a stateful inference rule, not one model), so Kestrel does not train it; keep "
+                "documents within ", max_position_embeddings, " tokens or use rope_type 'linear' or 'yarn'");
+}
 
 void TextConfig::validate(const std::string& source) const { validate_text(*this, Ctx{source, ""}); }
 

@@ -1,4 +1,4 @@
-// Llama/Qwen2 decoder forward; backward comes from the tape.
+// Llama/Qwen2/Qwen3 decoder forward; backward comes from the tape.
 #include "kestrel/models/decoder.h"
 
 #include <algorithm>
@@ -18,6 +18,7 @@ namespace kestrel::models {
 Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t seed, const std::string& prefix)
     : config_(config), dtype_(dtype), device_(device), prefix_(prefix) {
   config_.validate();
+  rope_ = config_.rope_frequencies();
   const int64_t C = config_.hidden_size, V = config_.vocab_size, I = config_.intermediate_size;
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
   Generator gen(seed);
@@ -47,6 +48,10 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
     }
     L.o_proj = P(p + "self_attn.o_proj.weight", {C, Hq * D}, -1);
     if (config_.o_proj_bias()) L.o_bias = P(p + "self_attn.o_proj.bias", {C}, 0.0);
+    if (config_.qk_norm()) {
+      L.q_norm = P(p + "self_attn.q_norm.weight", {D}, 1.0);
+      L.k_norm = P(p + "self_attn.k_norm.weight", {D}, 1.0);
+    }
     L.post_attention_layernorm = P(p + "post_attention_layernorm.weight", {C}, 1.0);
     L.gate_proj = P(p + "mlp.gate_proj.weight", {I, C}, -1);
     L.up_proj = P(p + "mlp.up_proj.weight", {I, C}, -1);
@@ -57,7 +62,7 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
   // Registration order = HF's module order.
   for (DecoderLayer& L : layers_) {
     for (Tensor* t : {&L.input_layernorm, &L.q_proj, &L.q_bias, &L.k_proj, &L.k_bias, &L.v_proj, &L.v_bias,
-                      &L.o_proj, &L.o_bias, &L.post_attention_layernorm, &L.gate_proj, &L.up_proj, &L.down_proj})
+                      &L.o_proj, &L.o_bias, &L.q_norm, &L.k_norm, &L.post_attention_layernorm, &L.gate_proj, &L.up_proj, &L.down_proj})
       if (t->defined()) params_.add(t->name(), t);
   }
   params_.add(norm_.name(), &norm_);
@@ -80,8 +85,12 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     Tensor q = reshape(linear(x, L.q_proj, L.q_bias), {T, Hq, D});
     Tensor k = reshape(linear(x, L.k_proj, L.k_bias), {T, Hkv, D});
     Tensor v = reshape(linear(x, L.v_proj, L.v_bias), {T, Hkv, D});
-    q = rope(q, batch.positions, config_.rope_theta);
-    k = rope(k, batch.positions, config_.rope_theta);
+    if (config_.qk_norm()) {
+      q = rms_norm(q, L.q_norm, config_.rms_norm_eps);
+      k = rms_norm(k, L.k_norm, config_.rms_norm_eps);
+    }
+    q = rope(q, batch.positions, rope_);
+    k = rope(k, batch.positions, rope_);
     AttentionOptions opts;
     opts.causal = true;
     Tensor a;  // [T, Hq, D]
@@ -122,6 +131,7 @@ Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd
                 config_.hidden_size, "], got ", embeds.str());
   KESTREL_CHECK(batch.tokens() == embeds.shape()[0], "decoder", "batch layout has ", batch.tokens(),
                 " tokens, embeddings ", embeds.shape()[0]);
+  config_.check_sequence_length(batch.max_seqlen);  // positions restart at 0 per document
   Tensor h = embeds;
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     autograd::RecomputeOptions ro{policy, "decoder.layer." + std::to_string(l)};
@@ -145,6 +155,7 @@ Tensor Decoder::forward_cached(const Tensor& embeds, const std::vector<int64_t>&
   // Layout of the new tokens: positions continue each document.
   std::vector<int64_t> pos, cu{0};
   int64_t max_q = 0;
+  for (size_t d = 0; d < docs; ++d) config_.check_sequence_length(cache.lengths[d] + new_lengths[d]);
   for (size_t d = 0; d < docs; ++d) {
     for (int64_t i = 0; i < new_lengths[d]; ++i) pos.push_back(cache.lengths[d] + i);
     cu.push_back(cu.back() + new_lengths[d]);

@@ -1,4 +1,5 @@
-// CPU rotary embedding (reference): angles position * theta^(-2i/rotary_dim) in f64, one token per task.
+// CPU rotary embedding (reference): angles position * inv_freq[i] in f64 from the op's table, cos and
+// sin times the table's attention scaling, one token per task.
 #include <cmath>
 #include <vector>
 
@@ -9,12 +10,12 @@
 namespace kestrel::cpu {
 namespace {
 
-void rope_cpu(const Tensor& out, const Tensor& x, const Tensor& positions, double theta, int64_t rotary_dim,
+void rope_cpu(const Tensor& out, const Tensor& x, const Tensor& positions, const RopeFrequencies& freqs,
               bool inverse) {
-  int64_t T = x.shape()[0], H = x.shape()[1], D = x.shape()[2], half = rotary_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
+  const int64_t T = x.shape()[0], H = x.shape()[1], D = x.shape()[2];
+  const int64_t rotary_dim = freqs.rotary_dim(), half = rotary_dim / 2;
+  const std::vector<double>& inv_freq = freqs.inv_freq;
+  const double scale = freqs.attention_scaling;
   auto position = [&](int64_t t) -> double {
     return positions.dtype() == DType::I32 ? positions.data<int32_t>()[t] : static_cast<double>(positions.data<int64_t>()[t]);
   };
@@ -29,8 +30,8 @@ void rope_cpu(const Tensor& out, const Tensor& x, const Tensor& positions, doubl
         double p = position(t);
         for (int64_t i = 0; i < half; ++i) {
           double a = p * inv_freq[i];
-          cs[i] = static_cast<C>(std::cos(a));
-          sn[i] = static_cast<C>(inverse ? -std::sin(a) : std::sin(a));
+          cs[i] = static_cast<C>(scale * std::cos(a));
+          sn[i] = static_cast<C>(inverse ? -scale * std::sin(a) : scale * std::sin(a));
         }
         for (int64_t h = 0; h < H; ++h) {
           const Tp* xr = px + (t * H + h) * D;

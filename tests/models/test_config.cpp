@@ -243,3 +243,63 @@ TEST(Config, KestrelVlm) {
   bad["model_type"] = "llava";
   expect_error([&] { VlmConfig::from_json(bad, "vlm.json"); }, {"'model_type'", "llava"});
 }
+
+// The audit: fields that change the maths and are not implemented are refused by name; the same
+// fields with their neutral value pass.
+TEST(Config, AuditRefusesWhatItCannotCompute) {
+  auto cfg = [](json extra) {
+    json j = {{"model_type", "llama"}, {"hidden_size", 64}, {"num_attention_heads", 4}};
+    j.update(extra);
+    return [j] { TextConfig::from_json(j, "audit.json"); };
+  };
+  auto qcfg = [](json extra) {
+    json j = qwen25_05b();
+    j.update(extra);
+    return [j] { TextConfig::from_json(j, "audit.json"); };
+  };
+  expect_error(qcfg({{"use_sliding_window", true}, {"max_window_layers", 21}}),
+               {"audit.json", "'use_sliding_window'", "sliding-window"});
+  // transformers slides only layers >= max_window_layers: none here, so nothing changes.
+  EXPECT_NO_THROW(qcfg({{"use_sliding_window", true}, {"max_window_layers", 24}})());
+  EXPECT_NO_THROW(qcfg({{"use_sliding_window", false}, {"sliding_window", 4096}})());
+  expect_error(cfg({{"layer_types", {"full_attention", "sliding_attention"}}}), {"'layer_types'", "full_attention"});
+  EXPECT_NO_THROW(cfg({{"layer_types", {"full_attention", "full_attention"}}})());
+  expect_error(cfg({{"partial_rotary_factor", 0.5}}), {"'partial_rotary_factor'", "0.5", "not supported"});
+  EXPECT_NO_THROW(cfg({{"partial_rotary_factor", 1.0}})());
+  expect_error(cfg({{"mlp_bias", true}}), {"'mlp_bias'", "MLP biases"});
+  expect_error(cfg({{"hidden_act", "gelu_pytorch_tanh"}}), {"'hidden_act'", "silu"});
+  expect_error(cfg({{"qk_norm", true}}), {"'qk_norm'", "qwen3"});
+  expect_error(cfg({{"attn_logit_softcapping", 50.0}}), {"'attn_logit_softcapping'", "soft-capping"});
+  expect_error(cfg({{"final_logit_softcapping", 30.0}}), {"'final_logit_softcapping'", "soft-capping"});
+  EXPECT_NO_THROW(cfg({{"final_logit_softcapping", nullptr}})());
+  expect_error(cfg({{"attention_dropout", 0.1}}), {"'attention_dropout'", "dropout"});
+  EXPECT_NO_THROW(cfg({{"attention_dropout", 0.0}})());
+  expect_error(qcfg({{"attention_dropout", 0.1}}), {"'attention_dropout'"});
+  // head_dim different from hidden / heads is computed (q_proj is [heads * head_dim, hidden]).
+  TextConfig h = TextConfig::from_json(json{{"model_type", "llama"}, {"hidden_size", 40}, {"num_attention_heads", 3},
+                                            {"head_dim", 16}});
+  EXPECT_EQ(h.head_dim, 16);
+  EXPECT_EQ(TextConfig::from_json(h.to_json()).head_dim, 16);
+  // Nested text configs name the nesting.
+  json vlm = {{"model_type", "kestrel_vlm"}, {"vision_config", json::object()}, {"image_token_id", 1},
+              {"text_config", {{"model_type", "llama"}, {"mlp_bias", true}}}};
+  expect_error([&] { VlmConfig::from_json(vlm, "vlm.json"); }, {"vlm.json", "'text_config.mlp_bias'"});
+}
+
+// Fields Kestrel does not read (and that do not change the maths) are written back unchanged.
+TEST(Config, UnknownFieldsSurviveSaveAndLoad) {
+  json q = qwen25_05b();
+  q["my_tool_note"] = {{"run", 7}, {"tags", {"a", "b"}}};
+  TextConfig t = TextConfig::from_json(q, "qwen.json");
+  json out = t.to_json();
+  for (const char* k : {"initializer_range", "max_window_layers", "sliding_window", "transformers_version", "use_cache",
+                        "attention_dropout", "my_tool_note"})
+    EXPECT_EQ(out[k], q[k]) << k;
+  EXPECT_EQ(out["use_sliding_window"], false);
+  EXPECT_EQ(TextConfig::from_json(out).to_json(), out);
+  // Known fields are not duplicated into the extras ("dtype" is read as torch_dtype).
+  TextConfig l = TextConfig::from_json(llama32_1b_v5());
+  EXPECT_FALSE(l.to_json().contains("dtype"));
+  EXPECT_FALSE(l.to_json().contains("rope_parameters"));
+  EXPECT_EQ(l.to_json()["torch_dtype"], "bfloat16");
+}

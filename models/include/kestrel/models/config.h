@@ -14,10 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/models/rope_scaling.h"
+
 namespace kestrel::models {
 
-// Decoder-only text model: model_type "llama" or "qwen2".
-// HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2
+// Decoder-only text model: model_type "llama", "qwen2" or "qwen3" (qwen3: RMSNorm over each head of q
+// and k before rope, q_norm/k_norm [head_dim]; head_dim defaults to 128; biases as llama's attention_bias).
+// Audit (config.cpp): every field that changes the maths is implemented or refused with an error
+// naming it (sliding windows, layer_types other than full_attention, partial_rotary_factor != 1,
+// mlp_bias, hidden_act other than silu, qk_norm, logit softcapping, attention_dropout != 0, rope types
+// other than supported_rope_types()). Fields that do not change the maths are kept in extra_json and
+// written back by to_json().
+// HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2     (qwen3 as qwen2, head_dim 128)
 //   vocab_size                                        32000     151936
 //   hidden_size                                       4096      4096
 //   intermediate_size                                 11008     22016
@@ -40,21 +48,30 @@ struct TextConfig {
   int64_t head_dim = 128;
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;
+  double rope_theta = 10000.0;      // rope_parameters.rope_theta (transformers 5) or top-level rope_theta
+  RopeScaling rope_scaling;        // parsed from rope_scaling, else rope_parameters (transformers 5's order)
   std::string rope_scaling_json;  // raw rope_scaling object (or rope_parameters minus rope_theta); "" if none
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // llama only: bias on q, k, v and o projections
-  bool mlp_bias = false;        // llama only
+  bool attention_bias = false;  // llama, qwen3: bias on q, k, v and o projections
+  bool mlp_bias = false;        // llama only (refused: not implemented)
   std::string hidden_act = "silu";
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // HF allows one id or a list
   std::optional<int64_t> pad_token_id;
   std::string torch_dtype;  // "bfloat16", "float32", ... as written; "" if absent
+  std::string extra_json;   // JSON object of the fields Kestrel does not read (kept through save); "" if none
 
   // Which projections carry a bias, from the model_type's rules.
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
-  bool o_proj_bias() const { return model_type == "llama" && attention_bias; }
+  bool o_proj_bias() const { return model_type != "qwen2" && attention_bias; }
+  bool qk_norm() const { return model_type == "qwen3"; }  // q_norm / k_norm per head before rope
   int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
+  // The rotary table of this config (rope_scaling applied) for sequences of up to `seq_len` tokens
+  // (max position + 1; only "dynamic" depends on it).
+  RopeFrequencies rope_frequencies(int64_t seq_len = 0) const;
+  // Throws when a batch whose longest sequence is `seq_len` tokens cannot be computed as transformers
+  // trains it ("dynamic" past max_position_embeddings).
+  void check_sequence_length(int64_t seq_len) const;
 
   // `source` names where the JSON came from in error messages.
   static TextConfig from_json(const nlohmann::json& j, const std::string& source = "<json>");

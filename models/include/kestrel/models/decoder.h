@@ -1,5 +1,7 @@
-// The Llama/Qwen2 decoder: embedding, N x (RMSNorm, attention with RoPE and GQA, RMSNorm, SwiGLU
-// MLP), final RMSNorm, LM head (tied or not), loss through the fused linear + cross-entropy.
+// The Llama/Qwen2/Qwen3 decoder: embedding, N x (RMSNorm, attention with RoPE and GQA, RMSNorm, SwiGLU
+// MLP), final RMSNorm, LM head (tied or not), loss through the fused linear + cross-entropy. Qwen3
+// normalises q and k per head (RMSNorm over head_dim) before rope. RoPE uses the config's table
+// (rope_scaling applied), computed once at construction.
 // Parameters carry Hugging Face names (prefix + "model.layers.N.self_attn.q_proj.weight", ...).
 // Each layer is one recompute region (policy per call).
 #pragma once
@@ -12,6 +14,7 @@
 #include "kestrel/models/packed_batch.h"
 #include "kestrel/models/parameters.h"
 #include "kestrel/ops/cross_entropy.h"
+#include "kestrel/ops/rope.h"
 
 namespace kestrel::models {
 
@@ -21,6 +24,7 @@ struct DecoderLayer {
   Tensor k_proj, k_bias;            // [Hkv*D, C]
   Tensor v_proj, v_bias;            // [Hkv*D, C]
   Tensor o_proj, o_bias;            // [C, Hq*D]
+  Tensor q_norm, k_norm;            // [D] (qwen3: RMSNorm over each head before rope)
   Tensor post_attention_layernorm;  // [C]
   Tensor gate_proj, up_proj;        // [I, C]
   Tensor down_proj;                 // [C, I]
@@ -66,6 +70,7 @@ class Decoder {
   DType dtype_;
   Device device_;
   std::string prefix_;
+  RopeFrequencies rope_;  // the config's rotary table (rope_scaling applied), computed once
   Tensor embed_tokens_;  // [V, C]
   std::vector<DecoderLayer> layers_;
   Tensor norm_;     // [C]

@@ -1,0 +1,83 @@
+// Kestrel against transformers on stored fixtures: small Llama/Qwen2/Qwen3 models with rope scaling
+// (llama3, yarn, linear, dynamic) run past original_max_position_embeddings, written by
+// tests/models/fixtures/make_rope_fixtures.py as <name>/{config.json, model.safetensors,
+// expected.safetensors}. expected.safetensors holds input_ids [T] (i64), loss [1] and grad.<HF name>
+// for every parameter, from transformers in f32 (labels = input_ids, shifted inside the model).
+// Here: the same loss and every gradient in f32 on the CPU within 1e-4 relative. A fixture folder
+// that is absent skips its test (generate them with the script, transformers installed).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "kestrel/autograd/tape.h"
+#include "kestrel/models/config.h"
+#include "kestrel/models/decoder.h"
+#include "kestrel/models/safetensors.h"
+#include "support/numerics.h"
+
+namespace kestrel::models {
+namespace {
+namespace fs = std::filesystem;
+
+// The fixtures folder: $KESTREL_FIXTURES_DIR, else tests/models/fixtures from the working directory
+// (the repository root) or from a build folder's tests/ directory, else next to this source file.
+fs::path fixtures_dir() {
+  if (const char* env = std::getenv("KESTREL_FIXTURES_DIR")) return env;
+  for (fs::path p : {fs::path("tests/models/fixtures"), fs::path("../tests/models/fixtures"),
+                     fs::path("../../tests/models/fixtures"), fs::path(__FILE__).parent_path() / "fixtures"})
+    if (fs::is_directory(p)) return p;
+  return "tests/models/fixtures";
+}
+
+template <typename T>
+std::vector<T> entry_values(const SafetensorsEntry& e) {
+  std::vector<T> v(static_cast<size_t>(e.numel()));
+  EXPECT_EQ(e.bytes.size(), v.size() * sizeof(T)) << e.name;
+  std::memcpy(v.data(), e.bytes.data(), std::min(e.bytes.size(), v.size() * sizeof(T)));
+  return v;
+}
+
+void check_fixture(const std::string& name) {
+  const fs::path dir = fixtures_dir() / name;
+  if (!fs::exists(dir / "expected.safetensors"))
+    GTEST_SKIP() << "fixture " << dir << " absent (run tests/models/fixtures/make_rope_fixtures.py)";
+  TextConfig cfg = TextConfig::from_file((dir / "config.json").string());
+  Decoder model(cfg, DType::F32, Device::cpu());
+  load_safetensors(model.parameters(), (dir / "model.safetensors").string(), /*strict=*/true);
+  SafetensorsFile expected = SafetensorsFile::open((dir / "expected.safetensors").string());
+  const SafetensorsEntry& ids_e = expected.get("input_ids");
+  ASSERT_EQ(ids_e.dtype, DType::I64);
+  std::vector<int64_t> ids = entry_values<int64_t>(ids_e);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> labels(ids.size(), -100);
+  for (int64_t i = 0; i + 1 < T; ++i) labels[i] = ids[i + 1];
+  Tensor id_t = Tensor::from_vector(ids, {T});
+  Tensor lab_t = Tensor::from_vector(labels, {T});
+  Tensor loss = model.loss(model.forward(model.embed(id_t), PackedBatch::from_lengths({T}, Device::cpu())), lab_t);
+  autograd::backward(loss);
+  const double want_loss = entry_values<float>(expected.get("loss"))[0];
+  EXPECT_NEAR(loss.item(), want_loss, 1e-4 * std::abs(want_loss)) << name;
+  int compared = 0;
+  for (auto& [pname, p] : model.parameters().items()) {
+    const SafetensorsEntry& g = expected.get("grad." + pname);
+    ASSERT_EQ(g.dtype, DType::F32) << pname;
+    Tensor want = Tensor::from_vector(entry_values<float>(g), Shape(g.shape.begin(), g.shape.end()));
+    ASSERT_TRUE(p->grad().defined()) << pname;
+    const double err = testing::rel_l2(p->grad(), want);
+    EXPECT_LT(err, 1e-4) << name << ": grad." << pname;
+    ++compared;
+  }
+  EXPECT_EQ(compared + 2, static_cast<int>(expected.entries().size())) << "every stored gradient compared";
+}
+
+TEST(HfFixtures, LlamaLlama3PastOriginalPositions) { check_fixture("llama_llama3"); }
+TEST(HfFixtures, LlamaLinear) { check_fixture("llama_linear"); }
+TEST(HfFixtures, LlamaDynamicWithinMaxPositions) { check_fixture("llama_dynamic"); }
+TEST(HfFixtures, Qwen2YarnPastOriginalPositions) { check_fixture("qwen2_yarn"); }
+TEST(HfFixtures, Qwen2YarnMscaleNoTruncateRopeParameters) { check_fixture("qwen2_yarn_mscale"); }
+TEST(HfFixtures, Qwen3QkNormYarn) { check_fixture("qwen3_yarn"); }
+
+}  // namespace
+}  // namespace kestrel::models
