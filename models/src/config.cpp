@@ -174,6 +174,8 @@ void audit_text_fields(const json& j, const Ctx& c, const std::string& type) {
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping", "logit_softcapping"}) {
     if (const json* v = lookup(j, key)) refuse(c, key, *v, "logit soft-capping is not implemented");
   }
+  if (const json* v = lookup(j, "quantization_config"))
+    refuse(c, "quantization_config", *v, "quantized checkpoints are not implemented (load a bf16/f32 export)");
   if (const json* v = lookup(j, "attention_dropout")) {
     if (!v->is_number()) type_error(c, "attention_dropout", "a number", *v);
     if (v->get<double>() != 0.0) refuse(c, "attention_dropout", *v, "attention dropout is not implemented");

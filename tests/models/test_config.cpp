@@ -275,6 +275,7 @@ TEST(Config, AuditRefusesWhatItCannotCompute) {
   expect_error(cfg({{"attention_dropout", 0.1}}), {"'attention_dropout'", "dropout"});
   EXPECT_NO_THROW(cfg({{"attention_dropout", 0.0}})());
   expect_error(qcfg({{"attention_dropout", 0.1}}), {"'attention_dropout'"});
+  expect_error(cfg({{"quantization_config", {{"quant_method", "gptq"}, {"bits", 4}}}}), {"'quantization_config'", "gptq"});
   // head_dim different from hidden / heads is computed (q_proj is [heads * head_dim, hidden]).
   TextConfig h = TextConfig::from_json(json{{"model_type", "llama"}, {"hidden_size", 40}, {"num_attention_heads", 3},
                                             {"head_dim", 16}});

@@ -22,8 +22,8 @@ namespace kestrel::models {
 // and k before rope, q_norm/k_norm [head_dim]; head_dim defaults to 128; biases as llama's attention_bias).
 // Audit (config.cpp): every field that changes the maths is implemented or refused with an error
 // naming it (sliding windows, layer_types other than full_attention, partial_rotary_factor != 1,
-// mlp_bias, hidden_act other than silu, qk_norm, logit softcapping, attention_dropout != 0, rope types
-// other than supported_rope_types()). Fields that do not change the maths are kept in extra_json and
+// mlp_bias, hidden_act other than silu, qk_norm, logit softcapping, attention_dropout != 0,
+// quantization_config, rope types other than supported_rope_types()). Fields that do not change the maths are kept in extra_json and
 // written back by to_json().
 // HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2     (qwen3 as qwen2, head_dim 128)
 //   vocab_size                                        32000     151936
