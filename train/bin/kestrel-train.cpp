@@ -1,5 +1,5 @@
-// kestrel-train --config run.json [--set key=value ...] [--resume latest|DIR] [--print-config]
-//               [--memory-budget 40GiB] [--eval-only]
+// kestrel-train --config run.json [--set key=value ...] [--resume latest|DIR] [--allow-config-change]
+//               [--overwrite-out-dir] [--print-config] [--memory-budget 40GiB] [--eval-only]
 // kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...
 // Translates every kestrel::Error into a message and a non-zero exit code.
 #include <cstdio>
@@ -29,7 +29,12 @@ void usage(FILE* f) {
                "  --config FILE          run configuration (JSON); see configs/quickstart_vlm.json\n"
                "  --set KEY=VALUE        override a config key (dotted path, value as JSON or text); repeatable\n"
                "  --memory-budget SIZE   device memory budget, e.g. 40GiB (same as --set memory_budget=SIZE)\n"
-               "  --resume latest|DIR    continue from the newest checkpoint in out_dir, or from DIR\n"
+               "  --resume latest|DIR    continue from the newest intact checkpoint in out_dir, or from DIR\n"
+               "                         (verified against its manifest; refused when made with a config\n"
+               "                         that changes the run's maths or data)\n"
+               "  --allow-config-change  resume although the checkpoint's config differs (logged)\n"
+               "  --overwrite-out-dir    start a new run in an out_dir that holds another run's checkpoints,\n"
+               "                         deleting them (without it such a start is refused)\n"
                "  --print-config         print the resolved configuration and exit\n"
                "  --eval-only            evaluate (greedy captions) without training\n"
                "  --help                 this text\n"
@@ -88,6 +93,8 @@ int main(int argc, char** argv) {
   std::string config_path, resume;
   std::vector<std::string> sets;
   bool print_config = false, eval_only = false;
+  train::ResumeOptions resume_options;
+  bool overwrite_out_dir = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto need = [&](const char* what) -> std::string {
@@ -108,6 +115,10 @@ int main(int argc, char** argv) {
       sets.push_back("memory_budget=" + need("--memory-budget"));
     } else if (a == "--resume") {
       resume = need("--resume");
+    } else if (a == "--allow-config-change") {
+      resume_options.allow_config_change = true;
+    } else if (a == "--overwrite-out-dir") {
+      overwrite_out_dir = true;
     } else if (a == "--print-config") {
       print_config = true;
     } else if (a == "--eval-only") {
@@ -149,7 +160,8 @@ int main(int argc, char** argv) {
     std::optional<train::Trainer> built;
     try {
       built.emplace(cfg);
-      built->resume(resume);
+      built->set_overwrite_out_dir(overwrite_out_dir);
+      built->resume(resume, resume_options);
     } catch (const OutOfBudget& e) {
       trace.set_event_logging(false);
       const std::string out_dir = cfg["out_dir"];

@@ -1,30 +1,89 @@
 // Private: trainer checkpoints. A checkpoint is a folder out_dir/checkpoints/step_NNNNNNNN with
-// model.safetensors (HF names), optimizer.safetensors and trainer_state.json. It is written into a
-// hidden temporary folder and renamed into place, so a folder under its final name is complete.
+// model.safetensors (HF names; shards + index when large), optimizer.safetensors (absent with
+// checkpoint_optimizer_state "none"), trainer_state.json (step, data position, optimizer steps and
+// the run's config) and manifest.json (size and XXH64 of every other file, step, data position,
+// optimizer-state form), written last.
+//
+// Policy:
+// - Writing: the disk space the checkpoint needs is checked first (nothing is written when it does
+//   not fit); files go to a hidden temporary folder that is fsync'ed and renamed into place, so a
+//   folder under its final name is complete. Replacing a folder of the same step and pruning old
+//   ones rename first (to hidden names) and delete second, so a kill never leaves a half-deleted
+//   step folder under its final name; leftovers are cleaned (or a replaced folder restored) by
+//   clean_checkpoint_leftovers at the next start.
+// - Trust: a checkpoint counts only when verify_checkpoint passes: every manifest file present with
+//   its size and checksum, no unlisted weight files, an index naming only files of the folder, and
+//   the step and data position agreeing across the folder name, manifest and trainer_state.json.
+//   `latest` is the newest checkpoint that verifies; the ones skipped are reported with the reason.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "kestrel/models/parameters.h"
 #include "kestrel/train/optimizer.h"
 
 namespace kestrel::train {
 
-// Writes the checkpoint for `step`, then deletes the oldest complete ones beyond `keep` (0 = keep all).
+// checkpoint_optimizer_state: "full" (exact resume), "bf16" (moments and master copies rounded to
+// bf16: about half the optimizer bytes, resume not bit-exact), "none" (weights + trainer state:
+// resume restarts the optimizer state).
+enum class OptimizerStateForm { Full, Bf16, None };
+OptimizerStateForm parse_optimizer_state_form(const std::string& s);
+const char* optimizer_state_form_name(OptimizerStateForm f);
+
+// Bytes the checkpoint's files will take (tensor data plus a bound on headers and JSON).
+uint64_t checkpoint_bytes(const models::ParameterList& params, const AdamW& optim, OptimizerStateForm form);
+
+// Writes the checkpoint for `step`, then prunes the oldest checkpoints beyond `keep` (0 = keep all).
 // `data_position`: the index of the next micro-batch the model consumes (not one a prefetcher may
-// already have prepared), stored in trainer_state.json.
+// already have prepared). Throws before writing anything when the disk lacks the space.
 std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
                             const models::ParameterList& params, const AdamW& optim, const nlohmann::json& config,
-                            int64_t keep);
+                            int64_t keep, OptimizerStateForm form = OptimizerStateForm::Full);
+
+// "" when `dir` is an intact checkpoint, else what is wrong with it (naming the file or field).
+std::string verify_checkpoint(const std::string& dir);
+
 struct CheckpointState {
   int64_t step = 0;
-  int64_t data_position = -1;  // -1: a checkpoint written before data positions were stored
+  int64_t data_position = 0;
+  int64_t optimizer_steps = 0;
+  OptimizerStateForm optimizer_state = OptimizerStateForm::Full;
+  nlohmann::json config;  // the resolved run config the checkpoint was made with
 };
-// Loads model and optimizer state; returns the step and data position it was taken at.
-CheckpointState load_checkpoint(const std::string& dir, const models::ParameterList& params, AdamW& optim);
-// The newest complete checkpoint folder under out_dir/checkpoints, or "".
-std::string latest_checkpoint(const std::string& out_dir);
+// Reads trainer_state.json and the manifest of a verified checkpoint.
+CheckpointState read_checkpoint_state(const std::string& dir);
+// Loads the model and the optimizer state of a verified checkpoint. With the "none" form the
+// optimizer restarts (zero moments, master copies from the loaded weights, step 0); with "bf16" the
+// state is widened back to the optimizer's dtypes.
+void load_checkpoint(const std::string& dir, const CheckpointState& state, const models::ParameterList& params,
+                     AdamW& optim);
+
+struct SkippedCheckpoint {
+  std::string dir, problem;
+};
+// The newest checkpoint under out_dir/checkpoints that verifies, or "". Newer ones that do not
+// verify are appended to `skipped` (newest first).
+std::string latest_checkpoint(const std::string& out_dir, std::vector<SkippedCheckpoint>* skipped = nullptr);
+// Every step_* folder under out_dir/checkpoints, intact or not, oldest first.
+std::vector<std::string> checkpoint_folders(const std::string& out_dir);
+// Removes hidden temporary / half-deleted folders under out_dir/checkpoints, restoring a step
+// folder that was being replaced when the process died. Returns one line per action.
+std::vector<std::string> clean_checkpoint_leftovers(const std::string& out_dir);
+// Removes every checkpoint under out_dir (rename first, delete second). Returns the folders removed.
+std::vector<std::string> discard_checkpoints(const std::string& out_dir);
+
+// The settings in which two resolved configs differ and which change the run's maths or data
+// ("train.lr: saved 0.001, now 0.002"). Settings that only change how the run is carried out or
+// observed (train.steps, logging, checkpointing, out_dir, device, recompute, prefetch, threads,
+// memory_budget, evaluation and samples) are not compared.
+std::vector<std::string> run_config_differences(const nlohmann::json& saved, const nlohmann::json& now);
+
+// Tests: replaces std::filesystem::space(dir).available in the disk-space check (nullptr: off).
+void set_available_space_override(std::function<uint64_t(const std::string& dir)> f);
 
 }  // namespace kestrel::train

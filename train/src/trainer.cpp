@@ -2,16 +2,21 @@
 // - data order is a pure function of the micro-batch index (the data position, which advances by one
 //   per micro-batch the model consumes and is what checkpoints store), so a resumed run sees exactly
 //   the batches the uninterrupted run would have seen; the prefetcher only caches batches ahead;
-// - checkpoints are written into a hidden temporary folder and renamed into place, so a killed run
-//   never leaves a step folder that resume would take.
+// - checkpoints are written into a hidden temporary folder and renamed into place, carry a manifest
+//   that resume verifies, and are refused when made with a config that changes the run's maths
+//   (checkpoint_io.h); a fresh run does not start over another run's checkpoints;
+// - a non-finite loss or gradient norm stops the run before the next checkpoint (train.nonfinite
+//   "stop"), or ("skip") the step's update is not applied, at the cost of one host sync per step.
 #include "kestrel/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #include "batch_prefetcher.h"
@@ -19,6 +24,7 @@
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
+#include "kestrel/models/file_io.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/runtime/accumulate.h"
 #include "kestrel/runtime/log.h"
@@ -53,6 +59,12 @@ struct Trainer::Impl {
   int64_t batch_size, accum, total_steps;
   double grad_clip;
   std::string out_dir;
+  // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
+  OptimizerStateForm checkpoint_form = OptimizerStateForm::Full;
+  bool nonfinite_skip = false;
+  bool last_step_skipped = false;  // "skip": the last step's update was not applied
+  bool resumed = false, overwrite_out_dir = false;
+  std::string last_checkpoint;     // written or resumed from by this process
   // The trace's event log: kept per step (cleared when a step starts) so an OutOfBudget report
   // has the failing step's timeline; a profiler that owns the log turns the clearing off.
   bool memory_profiling = false;
@@ -100,6 +112,11 @@ struct Trainer::Impl {
     KESTREL_CHECK(batch_size > 0 && accum > 0 && total_steps > 0, "train",
                   "train.batch_size, train.grad_accum and train.steps must be positive");
     schedule = LrSchedule{tr["lr"], tr["min_lr"], tr["warmup_steps"], total_steps};
+    checkpoint_form = parse_optimizer_state_form(cfg["checkpoint_optimizer_state"]);
+    const std::string nonfinite = tr["nonfinite"];
+    KESTREL_CHECK(nonfinite == "stop" || nonfinite == "skip", "train",
+                  "train.nonfinite must be \"stop\" or \"skip\", got '", nonfinite, "'");
+    nonfinite_skip = nonfinite == "skip";
 
     task = make_task(cfg, dtype, device);
     if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(task->parameters(), init);
@@ -179,7 +196,9 @@ struct Trainer::Impl {
       for (auto& [name, p] : task->parameters().items())
         if (p->grad().defined()) grads.push_back(p->grad());
       gnorm = clip_grad_norm_device(grads, grad_clip);
-      optim->step(schedule.at(step + 1));
+      // train.nonfinite "skip": read loss and norm now (a host sync) so a bad step changes nothing.
+      last_step_skipped = nonfinite_skip && !(std::isfinite(loss_sum.item()) && std::isfinite(gnorm.item()));
+      if (!last_step_skipped) optim->step(schedule.at(step + 1));
       task->parameters().zero_grad();
     }
     ++step;
@@ -254,21 +273,87 @@ void Trainer::set_memory_profiling(bool on) { impl_->memory_profiling = on; }
 Device Trainer::device() const { return impl_->device; }
 EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 
-void Trainer::resume(const std::string& checkpoint) {
+void Trainer::set_overwrite_out_dir(bool on) { impl_->overwrite_out_dir = on; }
+
+namespace {
+// Keeps the metrics lines of steps up to `step` (what the checkpoint saw); drops the lines of steps
+// a killed run took after it (the resumed run writes them again) and a torn last line.
+void trim_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded() || !row.is_object()) continue;
+    if (!row.contains("step") || !row["step"].is_number() || row["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  in.close();
+  models::write_file_atomic(path, std::as_bytes(std::span(kept.data(), kept.size())), "train");
+}
+}  // namespace
+
+void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options) {
   if (checkpoint.empty()) return;
-  std::string dir = checkpoint == "latest" ? latest_checkpoint(impl_->out_dir) : checkpoint;
-  KESTREL_CHECK(!dir.empty(), "train", "--resume latest: no checkpoint under ", impl_->out_dir, "/checkpoints");
-  CheckpointState st = load_checkpoint(dir, impl_->task->parameters(), *impl_->optim);
-  impl_->step = st.step;
-  impl_->data_position = st.data_position >= 0 ? static_cast<uint64_t>(st.data_position)
-                                               : static_cast<uint64_t>(st.step * impl_->accum);
-  impl_->log("resumed from " + dir + " at step " + std::to_string(st.step) + ", data position " +
-             std::to_string(impl_->data_position));
+  Impl& I = *impl_;
+  for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
+  std::string dir = checkpoint;
+  if (checkpoint == "latest") {
+    std::vector<SkippedCheckpoint> skipped;
+    dir = latest_checkpoint(I.out_dir, &skipped);
+    std::string why;
+    for (const SkippedCheckpoint& s : skipped) {
+      I.log("checkpoint " + s.dir + " skipped: " + s.problem + (dir.empty() ? "" : "; falling back to " + dir));
+      why += "\n  " + s.dir + ": " + s.problem;
+    }
+    KESTREL_CHECK(!dir.empty(), "train", "--resume latest: no intact checkpoint under ", I.out_dir, "/checkpoints",
+                  why);
+  } else {
+    const std::string problem = verify_checkpoint(dir);
+    KESTREL_CHECK(problem.empty(), "train", "cannot resume from ", dir, ": ", problem);
+  }
+  CheckpointState st = read_checkpoint_state(dir);
+  std::vector<std::string> diffs = run_config_differences(st.config, I.cfg);
+  if (!diffs.empty()) {
+    std::string list;
+    for (const std::string& d : diffs) list += "\n  " + d;
+    KESTREL_CHECK(options.allow_config_change, "train", "cannot resume from ", dir,
+                  ": it was made with a different config (settings that change the run's maths or data):", list,
+                  "\nResume anyway with --allow-config-change, or start a new run in another out_dir");
+    I.log("resuming from " + dir + " with a changed config (--allow-config-change):" + list);
+  }
+  load_checkpoint(dir, st, I.task->parameters(), *I.optim);
+  I.step = st.step;
+  I.data_position = static_cast<uint64_t>(st.data_position);
+  I.resumed = true;
+  I.last_checkpoint = dir;
+  trim_metrics(I.out_dir + "/metrics.jsonl", st.step);
+  I.log("resumed from " + dir + " at step " + std::to_string(st.step) + ", data position " +
+        std::to_string(I.data_position));
+  if (st.optimizer_state == OptimizerStateForm::Bf16)
+    I.log("the checkpoint holds the optimizer state in bf16 (checkpoint_optimizer_state \"bf16\"): this resume is "
+          "not bit-exact with the uninterrupted run");
+  if (st.optimizer_state == OptimizerStateForm::None)
+    I.log("warning: the checkpoint has no optimizer state (checkpoint_optimizer_state \"none\"): AdamW restarts "
+          "from zero moments and step 0 at the current learning rate");
 }
 
 TrainSummary Trainer::run() {
   Impl& I = *impl_;
   fs::create_directories(I.out_dir);
+  for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
+  if (!I.resumed) {
+    // A fresh run: checkpoints already here belong to another run, which this one would prune and
+    // a later --resume latest would mix up with its own.
+    std::vector<std::string> theirs = checkpoint_folders(I.out_dir);
+    if (!theirs.empty() && I.overwrite_out_dir) {
+      discard_checkpoints(I.out_dir);
+      I.log("--overwrite-out-dir: deleted " + std::to_string(theirs.size()) + " checkpoint(s) of an earlier run in " +
+            I.out_dir);
+    }
+    KESTREL_CHECK(theirs.empty() || I.overwrite_out_dir, "train", "out_dir ", I.out_dir, " already holds ",
+                  theirs.size(), " checkpoint(s) (newest ", theirs.back(), "). Continue that run with --resume latest, ",
+                  "delete them with --overwrite-out-dir, or choose another out_dir");
+  }
   std::ofstream metrics(I.out_dir + "/metrics.jsonl", I.step > 0 ? std::ios::app : std::ios::trunc);
   const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
@@ -308,6 +393,7 @@ TrainSummary Trainer::run() {
     synchronize(I.device);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double loss = loss_t.item() / static_cast<double>(I.accum), gnorm = gnorm_t.item();
+    const bool finite = std::isfinite(loss) && std::isfinite(gnorm);
     if (sum.steps == 0) sum.first_loss = loss;
     sum.last_loss = loss;
     sum.steps++;
@@ -347,6 +433,20 @@ TrainSummary Trainer::run() {
       }
       I.log(line);
     }
+    if (!finite && I.nonfinite_skip) {
+      I.log("step " + std::to_string(I.step) + ": non-finite loss " + std::to_string(loss) + " / grad norm " +
+            std::to_string(gnorm) + "; its update was skipped (train.nonfinite \"skip\")");
+    } else if (!finite) {
+      // The update is already applied: no checkpoint is written from here, so the last one stays good.
+      throw make_error("train", "non-finite ", std::isfinite(loss) ? "grad norm " : "loss ",
+                       std::isfinite(loss) ? gnorm : loss, " at step ", I.step, " (data positions ",
+                       I.data_position - static_cast<uint64_t>(I.accum), "..", I.data_position - 1,
+                       "); stopped (train.nonfinite \"stop\"). ",
+                       I.last_checkpoint.empty() ? std::string("No checkpoint was written by this run")
+                                                 : "The last good checkpoint is " + I.last_checkpoint,
+                       ". Lower train.lr or raise train.warmup_steps, check the data, or set train.nonfinite=skip "
+                       "to skip such steps");
+    }
     if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
       EvalResult e = I.evaluate();
       if (e.samples > 0) std::snprintf(buf, sizeof buf, "eval @ %lld: caption accuracy %.1f%% (colour %.1f%%, shape %.1f%%, position %.1f%%)",
@@ -361,7 +461,9 @@ TrainSummary Trainer::run() {
       }
     }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
-      std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg, keep);
+      std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg, keep,
+                                        I.checkpoint_form);
+      I.last_checkpoint = dir;
       I.log("checkpoint " + dir);
     }
   }

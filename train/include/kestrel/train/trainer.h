@@ -1,8 +1,11 @@
 // The training loop behind kestrel-train and the embedding API: builds the model and data from a
 // resolved config, runs micro-batches with gradient accumulation, global-norm clipping, warmup +
 // cosine AdamW, logs one line per step (loss, grad norm, lr, ms, tokens/s, MFU, memory by tag) and
-// a JSONL metrics file, evaluates with greedy captions, and writes atomic checkpoints
-// (step folders: model.safetensors in HF names, optimizer.safetensors, trainer_state.json).
+// a JSONL metrics file (flushed per line), evaluates with greedy captions, and writes atomic,
+// verified checkpoints (step folders: model.safetensors in HF names, optimizer.safetensors,
+// trainer_state.json with the config, manifest.json with every file's size and checksum). A
+// non-finite loss or gradient norm stops the run (train.nonfinite "stop": run() throws, the last
+// checkpoint stays the last good one) or skips that step's update ("skip").
 #pragma once
 
 #include <functional>
@@ -29,14 +32,27 @@ struct TrainSummary {
   std::string memory_report_path;
 };
 
+struct ResumeOptions {
+  // Resume although the checkpoint was made with a config that differs in a setting that changes
+  // the run's maths or data (model, data, precision, optimizer hyper-parameters, ...); the
+  // differences are logged. Without it such a resume is refused, naming them.
+  bool allow_config_change = false;
+};
+
 class Trainer {
  public:
   // `config` must be resolved (resolve_train_config). Throws kestrel::Error on bad values.
   explicit Trainer(const nlohmann::json& config);
   ~Trainer();
 
-  // Resumes from a checkpoint folder ("" = none; "latest" = newest under out_dir/checkpoints).
-  void resume(const std::string& checkpoint);
+  // Resumes from a checkpoint folder ("" = none; "latest" = the newest intact one under
+  // out_dir/checkpoints, skipping, with a log line, newer ones that fail verification). The
+  // checkpoint is verified against its manifest first; a damaged one is refused naming the file.
+  void resume(const std::string& checkpoint, const ResumeOptions& options = {});
+  // A run that was not resumed refuses to start in an out_dir holding checkpoints (another run's,
+  // which it would otherwise prune and `--resume latest` would mix up) unless this is set: they are
+  // then deleted when run() starts.
+  void set_overwrite_out_dir(bool on);
   TrainSummary run();
   EvalResult evaluate();
 
