@@ -2,6 +2,7 @@
 #include "kestrel/runtime/memory_budget.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -48,11 +49,10 @@ int64_t parse_bytes(std::string_view text) {
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   KESTREL_CHECK(i > 0, "memory", "cannot parse byte count '", text, "'; expected e.g. 40GiB, 512MiB, 4096");
   double value = 0;
-  try {
-    value = std::stod(s.substr(0, i));
-  } catch (...) {
-    throw make_error("memory", "cannot parse byte count '", text, "'");
-  }
+  // The whole numeric part must be one number ("1.2.3" is not 1.2).
+  auto [end, ec] = std::from_chars(s.data(), s.data() + i, value);
+  KESTREL_CHECK(ec == std::errc() && end == s.data() + i, "memory", "cannot parse byte count '", text,
+                "'; expected e.g. 40GiB, 512MiB, 4096");
   std::string unit = s.substr(i);
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   static const std::map<std::string, double> units = {
@@ -64,7 +64,9 @@ int64_t parse_bytes(std::string_view text) {
   auto it = units.find(unit);
   KESTREL_CHECK(it != units.end(), "memory", "unknown unit '", s.substr(i), "' in '", text,
                 "'; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal)");
-  return static_cast<int64_t>(std::llround(value * it->second));
+  const double bytes = value * it->second;
+  KESTREL_CHECK(bytes < 9.2e18, "memory", "byte count '", text, "' is too large");
+  return static_cast<int64_t>(std::llround(bytes));
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -3,6 +3,7 @@
 // parameter gradient (f32, as "grad.<HF name>") to a safetensors file. The way to debug a model
 // and to compare Kestrel with another implementation (see tools/compare_hf.py).
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "kestrel/models/decoder.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/parse_number.h"
 #include "kestrel/train/token_file.h"
 
 using namespace kestrel;
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
       else if (a == "--out") out = val();
       else if (a == "--device") device = val();
       else if (a == "--dtype") dtype = val();
-      else if (a == "--seq-len") seq_len = std::stoll(val());
+      else if (a == "--seq-len") seq_len = parse_integer(val(), "--seq-len", 1, std::numeric_limits<int32_t>::max());
       else {
         std::fprintf(stderr,
                      "usage: kestrel-grad --model DIR --tokens FILE [--seq-len N] [--device cpu|cuda] [--dtype f32|bf16] [--out FILE]\n");

@@ -7,6 +7,7 @@
 //       predicts the peak per tag without running; says whether it fits and the headroom.
 // Exit codes: 0 ok (plan: fits), 1 error, 2 usage, 3 out of budget (profile) / does not fit (plan).
 #include <cstdio>
+#include <limits>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/parse_number.h"
 #include "kestrel/train/memory_plan.h"
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/train_config.h"
@@ -196,12 +198,19 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
+    try {
+      if (s == "--memory-budget") parse_size(v, "--memory-budget");
+      if (s == "--steps") a.steps = parse_integer(v, "--steps", 1, std::numeric_limits<int32_t>::max());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kestrel-mem: error: %s\n", e.what());
+      return 2;
+    }
     if (s == "--config") a.config = v;
     else if (s == "--out") a.out = v;
     else if (s == "--set") a.sets.push_back(v);
     else if (s == "--memory-budget") a.sets.push_back("memory_budget=" + v);
     else if (s == "--find-max") a.find_max = v;
-    else if (s == "--steps") a.steps = std::stoll(v);
+    else if (s == "--steps") continue;
     else {
       std::fprintf(stderr, "kestrel-mem: unknown argument '%s'\n", s.c_str());
       usage(stderr);

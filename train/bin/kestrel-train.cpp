@@ -13,6 +13,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/parse_number.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/tokenize_text.h"
@@ -112,7 +113,14 @@ int main(int argc, char** argv) {
     } else if (a == "--set") {
       sets.push_back(need("--set"));
     } else if (a == "--memory-budget") {
-      sets.push_back("memory_budget=" + need("--memory-budget"));
+      const std::string v = need("--memory-budget");
+      try {
+        parse_size(v, "--memory-budget");  // refused here on any device, not only where it applies
+      } catch (const Error& e) {
+        std::fprintf(stderr, "kestrel-train: error: %s\n", e.what());
+        return 2;
+      }
+      sets.push_back("memory_budget=" + v);
     } else if (a == "--resume") {
       resume = need("--resume");
     } else if (a == "--allow-config-change") {

@@ -1,6 +1,10 @@
 #include "kestrel/train/train_config.h"
 
+#include <cmath>
+#include <limits>
+
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/parse_number.h"
 
 namespace kestrel::train {
 
@@ -69,6 +73,31 @@ bool same_kind(const json& a, const json& b) {
   return a.type() == b.type();
 }
 
+// Integer keys take integers: 2.5 would be truncated and -3 would wrap where the value is a count. A
+// JSON float with no fractional part (1e3) is that integer. Counts stay within int32; seeds and the
+// evaluation offset may use the int64 range; doc_start_token may be -1 (none).
+json integer_value(const json& v, const std::string& key, const std::string& source) {
+  const bool wide = key.ends_with("seed") || key == "data.eval_offset";
+  const int64_t min = key == "data.doc_start_token" ? -1 : 0;
+  const int64_t max = wide ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int32_t>::max();
+  bool ok = false;
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() <= static_cast<uint64_t>(max);
+    x = ok ? static_cast<int64_t>(v.get<uint64_t>()) : 0;
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+    ok = true;
+  } else {
+    const double d = v.get<double>();
+    ok = std::isfinite(d) && d == std::trunc(d) && std::fabs(d) < 9e18;
+    x = ok ? static_cast<int64_t>(d) : 0;
+  }
+  KESTREL_CHECK(ok && x >= min && x <= max, "config", source, ": '", key, "' must be ", integer_range_text(min, max),
+                ", got ", v.dump());
+  return x;
+}
+
 void merge(json& base, const json& user, const std::string& path, const std::string& source) {
   KESTREL_CHECK(user.is_object(), "config", source, ": '", path.empty() ? "<root>" : path, "' must be an object");
   for (auto it = user.begin(); it != user.end(); ++it) {
@@ -88,7 +117,7 @@ void merge(json& base, const json& user, const std::string& path, const std::str
     } else {
       KESTREL_CHECK(same_kind(slot, it.value()), "config", source, ": '", key, "' must be a ", slot.type_name(),
                     ", got ", it.value().type_name(), " (", it.value().dump(), ")");
-      slot = it.value();
+      slot = slot.is_number_integer() ? integer_value(it.value(), key, source) : it.value();
     }
   }
 }

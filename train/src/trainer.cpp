@@ -34,6 +34,7 @@
 #endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
+#include "kestrel/runtime/parse_number.h"
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/schedule.h"
@@ -95,8 +96,9 @@ struct Trainer::Impl {
     policy = autograd::parse_recompute_policy(cfg["recompute"]);
     out_dir = cfg["out_dir"];
     if (std::string budget = cfg["memory_budget"]; !budget.empty()) {
+      const int64_t bytes = parse_size(budget, "memory_budget", 0, std::numeric_limits<int64_t>::max(), "train");
       if (device.is_cuda())
-        set_memory_budget(device, parse_bytes(budget));
+        set_memory_budget(device, bytes);
       else
         log("memory_budget " + budget + " applies to CUDA devices; ignored on the CPU");
     }
