@@ -4,6 +4,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/parse_number.h"
+#include "kestrel/train/bpe_tokenizer.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "trainer_fixtures.h"
@@ -69,6 +70,17 @@ TEST(ParseNumber, MemoryBudgetIsCheckedOnTheCpuToo) {
   c["memory_budget"] = "abc";
   std::string m = error_of([&] { train::Trainer t(c); });
   EXPECT_NE(m.find("memory_budget"), std::string::npos) << m;
+}
+
+// A wrongly typed field of a tokenizer.json reached the user as a raw JSON-library type_error that
+// named neither the file nor the field.
+TEST(ParseNumber, TokenizerJsonTypeErrorsNameTheFile) {
+  json tok = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+              {"added_tokens", {{{"id", "seven"}, {"content", "<eot>"}}}}};
+  std::string m = error_of([&] { train::BpeTokenizer::from_json(tok, "tok.json"); });
+  EXPECT_NE(m.find("tok.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("added_tokens"), std::string::npos) << m;
 }
 
 }  // namespace

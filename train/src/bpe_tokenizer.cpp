@@ -165,7 +165,10 @@ BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) {
     add_token(it.key(), it.value().get<int64_t>(), false);
   }
   for (const json& a : j.value("added_tokens", json::array())) {
-    KESTREL_CHECK(a.contains("id") && a.contains("content"), kComp, "'", source, "': added_tokens entries need id and content");
+    KESTREL_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a.contains("content") &&
+                      a["content"].is_string(),
+                  kComp, "'", source, "': added_tokens entries need an integer id and a string content, got ",
+                  a.dump().substr(0, 200));
     const std::string content = a["content"];
     KESTREL_CHECK(!content.empty(), kComp, "'", source, "': empty added token");
     add_token(content, a["id"].get<int64_t>(), true);
