@@ -11,6 +11,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/trainer.h"
 #include "../../train/src/checkpoint_io.h"
+#include "../../train/src/checkpoint_manifest.h"
 #include "../../train/src/xxhash64.h"
 #include "trainer_fixtures.h"
 
@@ -152,6 +153,24 @@ TEST(Checkpoint, RenamedFolderIsNotTrusted) {
   fs::rename(ckpt(out, 2), ckpt(out, 8));
   std::string p = verify_checkpoint(ckpt(out, 8));
   EXPECT_NE(p.find("named for step 8"), std::string::npos) << p;
+  fs::remove_all(out);
+}
+
+// Inside a checkpoint, an index pointing at another step's weights resumed silently with them, even
+// when the manifest was rewritten to match.
+TEST(Checkpoint, IndexPointingOutsideTheFolderIsNotTrusted) {
+  std::string out = tmp("index");
+  train(run_cfg(out, 4, 2));
+  fs::path d = ckpt(out, 4);
+  fs::remove(d / "model.safetensors");
+  fs::remove(d / "manifest.json");
+  json idx = {{"metadata", json::object()}, {"weight_map", {{"model.embed_tokens.weight", "../step_00000002/model.safetensors"}}}};
+  std::ofstream(d / "model.safetensors.index.json") << idx.dump();
+  write_checkpoint_manifest(d.string(), 4, 4, "full");
+  std::string p = verify_checkpoint(d.string());
+  EXPECT_NE(p.find("../step_00000002/model.safetensors"), std::string::npos) << p;
+  EXPECT_NE(p.find("not a file of this checkpoint"), std::string::npos) << p;
+  EXPECT_EQ(latest_checkpoint(out), ckpt(out, 2));
   fs::remove_all(out);
 }
 
