@@ -144,7 +144,10 @@ void backward_typed(const Tensor& d_hidden, const Tensor& d_weight, const Tensor
   Tensor dw_acc;
   if (d_weight.defined()) {
     dw_acc = d_weight.dtype() == ct ? d_weight : Tensor::empty({V, H}, ct);
-    dw_acc.zero_();
+    if (!p.accumulate_d_weight)
+      dw_acc.zero_();
+    else if (!dw_acc.same_as(d_weight))
+      dw_acc.copy_(d_weight);
   }
   if (d_hidden.defined()) Tensor(d_hidden).zero_();  // handles are cheap; the data is shared
   Tensor dx_buf = d_hidden.defined() && d_hidden.dtype() != ct ? Tensor::empty({Nc, H}, ct) : Tensor();

@@ -1,9 +1,11 @@
-// CUDA fused linear + cross-entropy slots (kernels/cross_entropy.h) over the launcher in
-// cuda/fused_linear_cross_entropy.h. Forward: loss and lse only (no gradient buffers). Backward: one
-// fused pass again, with the upstream gradient passed as the launcher's `upstream_grad` device scalar
-// (no host sync, no rescaling afterwards); d_weight is produced in f32 by the launcher and cast into a
-// bf16/f16 weight gradient. Chunk sizes come from the launcher's picker (workspace <= 1 GiB), not the
-// CPU defaults the op layer resolves. Workspaces are Tensor::empty under a Workspace tag.
+// CUDA fused linear + cross-entropy slots (kernels/cross_entropy.h). Forward: the launcher in
+// cuda/fused_linear_cross_entropy.h (loss and lse, no gradient buffers). Backward: the lse-based pass of
+// fused_linear_cross_entropy_backward.cu with the upstream gradient as a device scalar (no host sync):
+// per vocabulary chunk the logits are recomputed and turned into the gradient with the saved lse; a
+// bf16/f16 d_weight is written by its GEMM directly (f32 accumulation, one rounding), and with
+// accumulate_d_weight added into the gradient the weight already holds (no second [V, H] buffer).
+// Chunk sizes of the forward come from the launcher's picker (workspace <= 1 GiB), not the CPU
+// defaults the op layer resolves. Workspaces are Tensor::empty under a Workspace tag.
 #include "cuda/common.cuh"
 #include "cuda/fused_linear_cross_entropy.h"
 #include "kernels/cross_entropy.h"
@@ -58,25 +60,30 @@ void forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& hidden, c
 }
 
 void backward_cuda(const Tensor& d_hidden, const Tensor& d_weight, const Tensor& grad_loss, const Tensor& hidden,
-                   const Tensor& weight, const Tensor& labels, const Tensor& token_weights, const Tensor&,
+                   const Tensor& weight, const Tensor& labels, const Tensor& token_weights, const Tensor& lse,
                    const kernels::CrossEntropyParams& p) {
   auto f = make_params(hidden, weight, labels, token_weights, p);
   KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
                 "upstream gradient must be an f32 scalar, got ", grad_loss.str());
-  Tensor loss_tmp, dw32;
+  KESTREL_CHECK(lse.dtype() == DType::F32 && lse.numel() == hidden.shape()[0] && lse.is_contiguous(),
+                "fused_linear_cross_entropy", "backward needs the forward's f32 lse [N], got ", lse.str());
+  Tensor g = grad_loss.contiguous();
+  f.upstream_grad = static_cast<const float*>(g.data_ptr());
+  f.accumulate_d_weight = p.accumulate_d_weight;
+  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
+  if (d_weight.defined()) {
+    f.d_weight = d_weight.data_ptr();
+    f.d_weight_f32 = d_weight.dtype() == DType::F32;
+  }
+  const size_t bytes = cuda::fused_linear_cross_entropy_backward_workspace_bytes(f);
+  Tensor ws;
   {
     TagScope tag(MemoryTag::Workspace);
-    loss_tmp = Tensor::empty({1}, DType::F32, hidden.device());
-    if (d_weight.defined() && d_weight.dtype() != DType::F32)
-      dw32 = Tensor::empty(d_weight.shape(), DType::F32, hidden.device());
+    ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, hidden.device());
   }
-  Tensor g = grad_loss.contiguous();
-  f.loss = static_cast<float*>(loss_tmp.data_ptr());
-  f.upstream_grad = static_cast<const float*>(g.data_ptr());
-  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
-  if (d_weight.defined()) f.d_weight = static_cast<float*>(dw32.defined() ? dw32.data_ptr() : d_weight.data_ptr());
-  run(f, hidden.device());
-  if (dw32.defined()) Tensor(d_weight).copy_(dw32);
+  cuda::fused_linear_cross_entropy_backward(f, static_cast<const float*>(lse.data_ptr()), ws.data_ptr(), bytes,
+                                            cuda::cublaslt_handle(), cuda::current_stream());
+  KESTREL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -271,7 +271,10 @@ void fused_linear_cross_entropy(const FusedLinearCrossEntropyParams& p, void* wo
     }
     if (p.d_weight) {
       // d_weight^T [H, V] (+)= X_c^T [H, nc] . G [nc, V]
-      fused_ce::GemmDesc g{CUBLAS_OP_N, CUBLAS_OP_T, h, v, nc, h, l.ld_store, h, ab_type, CUDA_R_32F};
+      KESTREL_CHECK(p.d_weight_f32 || nc == n, kOp, "a d_weight in the input dtype needs one token chunk (",
+                    l.nc, " < ", n, " tokens)");
+      fused_ce::GemmDesc g{CUBLAS_OP_N, CUBLAS_OP_T, h, v, nc, h, l.ld_store, h, ab_type,
+                           p.d_weight_f32 ? CUDA_R_32F : ab_type};
       const float beta = (p.accumulate_d_weight || t0 > 0) ? 1.0f : 0.0f;
       fused_ce::lt_matmul(lt, g, x_c, store, p.d_weight, beta, lt_ws, l.lt_bytes, stream);
     }

@@ -66,7 +66,10 @@ struct FusedLinearCrossEntropyParams {
   float* loss = nullptr;       // [1] f32, required
   float* lse = nullptr;        // [N] f32, optional (every token, ignored ones too)
   void* d_hidden = nullptr;    // [N, H] dtype, optional: overwritten
-  float* d_weight = nullptr;   // [V, H] f32, optional
+  void* d_weight = nullptr;    // [V, H], optional: f32, or `dtype` when d_weight_f32 is false
+  // false: d_weight is in `dtype` (the GEMM accumulates in f32 and rounds once); only with a single
+  // token chunk (token_chunk >= tokens), since later chunks would add into a rounded sum.
+  bool d_weight_f32 = true;
   bool accumulate_d_weight = false;  // false: d_weight = grad; true: d_weight += grad
   int* error_flag = nullptr;   // [1] int, optional, OR-ed with kLabel* bits
   // [1] f32 on the device, optional: gradients are computed for this upstream gradient instead of 1
@@ -110,6 +113,16 @@ size_t fused_linear_cross_entropy_workspace_bytes(const FusedLinearCrossEntropyP
 // (no state survives the call). cuBLASLt plans are chosen with the heuristic once per shape and cached.
 void fused_linear_cross_entropy(const FusedLinearCrossEntropyParams& p, void* workspace,
                                 size_t workspace_bytes, cublasLtHandle_t lt, cudaStream_t stream);
+
+// Gradients only (d_hidden and/or d_weight, for p.upstream_grad or 1) from the forward's lse [N] f32,
+// one vocabulary chunk at a time (fused_linear_cross_entropy_backward.cu): the workspace is one
+// [nc, 8192] f32 logits block and its gradient (nc up to ~16k tokens at 768 MiB), an f32 [N, H]
+// d_hidden accumulator for 16-bit inputs, and, only when the tokens need several chunks and d_weight is
+// 16-bit, one [8192, H] f32 block. d_weight may be in the input dtype (d_weight_f32 false) at any
+// token count; with accumulate_d_weight the gradient is added into it. p.loss is not used.
+size_t fused_linear_cross_entropy_backward_workspace_bytes(const FusedLinearCrossEntropyParams& p);
+void fused_linear_cross_entropy_backward(const FusedLinearCrossEntropyParams& p, const float* lse, void* workspace,
+                                         size_t workspace_bytes, cublasLtHandle_t lt, cudaStream_t stream);
 
 // data[0..n) *= *scalar (scalar on the device), for F32, BF16 or F16 data. Used by autograd to apply the
 // upstream gradient to d_hidden / d_weight without a sync.

@@ -87,6 +87,34 @@ struct FormGradArgs {
 };
 void launch_form_grad(const FormGradArgs& a, DType dtype, cudaStream_t stream);
 
+// Backward from the forward's lse: the coefficients of every token's row, [4, n] in row_coef's order.
+struct LseCoefArgs {
+  const int64_t* labels = nullptr;       // [n]
+  const float* token_weights = nullptr;  // [n] or null
+  const float* lse = nullptr;            // [n]
+  const float* weight_sum = nullptr;     // [1], from launch_prepare
+  const float* upstream_grad = nullptr;  // [1] or null
+  int64_t n = 0, vocab = 0, ignore_index = 0;
+  bool mean = true;
+  float z_loss = 0.0f, label_smoothing = 0.0f;
+  float* row_coef = nullptr;  // [4, n]
+};
+void launch_row_coef_from_lse(const LseCoefArgs& a, cudaStream_t stream);
+
+// grad[r, j] = a_i exp(logits[r, j] - lse_i) - e_i - [v0 + j == y_i] b_i, i = t0 + r, for vc columns
+// (f32 logits and the gradient in the input dtype, both [nc, ld]).
+struct LseGradArgs {
+  const float* logits = nullptr;
+  void* grad = nullptr;
+  int64_t ld = 0, nc = 0, vc = 0, v0 = 0, t0 = 0, n = 0;
+  const int64_t* labels = nullptr;   // [n]
+  const float* row_coef = nullptr;   // [4, n]
+};
+void launch_grad_from_lse(const LseGradArgs& a, DType dtype, cudaStream_t stream);
+
+// dst[0..n) = round(src + (add ? dst : 0)) in dtype (f32 src).
+void launch_store_f32(void* dst, DType dtype, const float* src, int64_t n, bool add, cudaStream_t stream);
+
 // loss = sum(token_loss) / weight_sum (mean; 0 when weight_sum == 0) or sum(token_loss), fixed order.
 void launch_final_loss(const float* token_loss, int64_t n, const float* weight_sum, bool mean, float* loss,
                        cudaStream_t stream);

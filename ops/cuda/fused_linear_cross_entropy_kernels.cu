@@ -256,6 +256,59 @@ __global__ void scale_kernel(T* __restrict__ data, size_t n, const float* __rest
     data[i] = from_float<T>(to_float(data[i]) * s);
 }
 
+// ---- backward from a saved lse (fused_linear_cross_entropy_backward.cu) ----
+constexpr int kCoefThreads = 256;
+__global__ void __launch_bounds__(kCoefThreads) row_coef_from_lse_kernel(LseCoefArgs a) {
+  const int64_t i = blockIdx.x * int64_t(kCoefThreads) + threadIdx.x;
+  if (i >= a.n) return;
+  const int64_t y = a.labels[i];
+  const bool valid = y != a.ignore_index && label_valid(y, a.vocab);
+  const float lse = a.lse[i];
+  float c = 0.0f;
+  if (valid) {
+    const float w = a.token_weights ? a.token_weights[i] : 1.0f;
+    const float denom = *a.weight_sum;
+    c = a.mean ? (denom != 0.0f ? w / denom : 0.0f) : w;
+    if (a.upstream_grad) c *= *a.upstream_grad;
+  }
+  // The coefficients of row_finalize_kernel: dloss/dlogit_j = a p_j - e - [j == y] b.
+  a.row_coef[i] = c * (1.0f + 2.0f * a.z_loss * lse);
+  a.row_coef[a.n + i] = c * (1.0f - a.label_smoothing);
+  a.row_coef[2 * a.n + i] = c * a.label_smoothing / float(a.vocab);
+  a.row_coef[3 * a.n + i] = valid ? lse : 0.0f;
+}
+
+// 4 columns per thread: f32 logits in, the gradient in the input dtype out (both [nc, ld]).
+constexpr int kLseGradThreads = 256;
+template <class GradT>
+__global__ void __launch_bounds__(kLseGradThreads) grad_from_lse_kernel(LseGradArgs a) {
+  const int64_t j0 = (blockIdx.x * int64_t(kLseGradThreads) + threadIdx.x) * 4;
+  if (j0 >= a.vc) return;
+  for (int64_t r = blockIdx.y; r < a.nc; r += gridDim.y) {
+    const int64_t i = a.t0 + r;
+    const float ca = a.row_coef[i], cb = a.row_coef[a.n + i], ce = a.row_coef[2 * a.n + i];
+    const float lse = a.row_coef[3 * a.n + i];
+    const int64_t y = a.labels[i] - a.v0;
+    const float4 x = *reinterpret_cast<const float4*>(a.logits + r * a.ld + j0);
+    const float xs[4] = {x.x, x.y, x.z, x.w};
+    Vec<GradT, 4> g;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      // ca == 0 (ignored row) gives 0 even where that row's logits overflow.
+      float v = (ca == 0.0f ? 0.0f : ca * __expf(xs[t] - lse)) - ce;
+      if (j0 + t == y) v -= cb;
+      g.v[t] = from_float<GradT>(j0 + t < a.vc ? v : 0.0f);
+    }
+    *reinterpret_cast<Vec<GradT, 4>*>(static_cast<GradT*>(a.grad) + r * a.ld + j0) = g;
+  }
+}
+
+template <class T>
+__global__ void store_f32_kernel(T* __restrict__ dst, const float* __restrict__ src, int64_t n, bool add) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<T>(add ? src[i] + to_float(dst[i]) : src[i]);
+}
+
 }  // namespace
 
 void launch_prepare(const int64_t* labels, const float* token_weights, int64_t n, int64_t vocab,
@@ -326,3 +379,39 @@ void scale_by_device_scalar(void* data, DType dtype, size_t n, const float* scal
 }
 
 }  // namespace kestrel::cuda
+
+namespace kestrel::cuda::fused_ce {
+
+void launch_row_coef_from_lse(const LseCoefArgs& a, cudaStream_t stream) {
+  if (a.n == 0) return;
+  row_coef_from_lse_kernel<<<unsigned((a.n + kCoefThreads - 1) / kCoefThreads), kCoefThreads, 0, stream>>>(a);
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+void launch_grad_from_lse(const LseGradArgs& a, DType dtype, cudaStream_t stream) {
+  KESTREL_ASSERT(a.ld % 4 == 0);
+  if (a.nc == 0 || a.vc == 0) return;
+  const int64_t per_block = int64_t(kLseGradThreads) * 4;
+  const dim3 grid(unsigned((a.vc + per_block - 1) / per_block), unsigned(std::min<int64_t>(a.nc, 65535)));
+  switch (dtype) {
+    case DType::BF16: grad_from_lse_kernel<__nv_bfloat16><<<grid, kLseGradThreads, 0, stream>>>(a); break;
+    case DType::F16: grad_from_lse_kernel<__half><<<grid, kLseGradThreads, 0, stream>>>(a); break;
+    case DType::F32: grad_from_lse_kernel<float><<<grid, kLseGradThreads, 0, stream>>>(a); break;
+    default: KESTREL_ASSERT(false);
+  }
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+void launch_store_f32(void* dst, DType dtype, const float* src, int64_t n, bool add, cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 132 * 16));
+  switch (dtype) {
+    case DType::BF16: store_f32_kernel<<<grid, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), src, n, add); break;
+    case DType::F16: store_f32_kernel<<<grid, 256, 0, stream>>>(static_cast<__half*>(dst), src, n, add); break;
+    case DType::F32: store_f32_kernel<<<grid, 256, 0, stream>>>(static_cast<float*>(dst), src, n, add); break;
+    default: KESTREL_ASSERT(false);
+  }
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda::fused_ce

@@ -23,6 +23,9 @@ struct CrossEntropyParams {
   double label_smoothing = 0.0;
   int64_t chunk_tokens = 0;  // resolved: 1..N
   int64_t chunk_vocab = 0;   // resolved: 1..V
+  // Backward: add the weight gradient into d_weight (which holds a gradient already) instead of
+  // overwriting it; the sum is formed in the compute dtype and rounded once.
+  bool accumulate_d_weight = false;
 };
 
 // loss: [] f32 (f64 for f64 inputs); lse: [N] same dtype as loss, for every token (ignored ones too).

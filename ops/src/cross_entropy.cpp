@@ -92,18 +92,27 @@ Tensor fused_linear_cross_entropy(const Tensor& hidden, const Tensor& weight, co
   }
   if (!ag::should_record({hidden, weight})) return loss;
   bool gh = hidden.requires_grad(), gw = weight.requires_grad();
+  // A leaf weight that already holds a gradient (gradient accumulation over micro-batches) gets this
+  // one added in place by the backward kernel: no second [V, H] buffer, one rounding of the sum. The
+  // entry then hands autograd no gradient for it; hooks still fire after this entry, as before.
+  Tensor leaf = gw && weight.is_leaf() ? weight : Tensor();
   ag::record(kFused, {hidden, weight}, loss, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
     Tensor dh = gh ? Tensor::empty(h.shape(), h.dtype(), h.device()) : Tensor();
-    Tensor dw = gw ? Tensor::empty(w.shape(), w.dtype(), w.device()) : Tensor();
+    Tensor acc = leaf.defined() ? leaf.grad() : Tensor();
+    const bool in_place = acc.defined() && acc.is_contiguous() && acc.dtype() == w.dtype() &&
+                          acc.shape() == w.shape() && acc.device() == w.device() && N > 0;
+    Tensor dw = in_place ? acc : gw ? Tensor::empty(w.shape(), w.dtype(), w.device()) : Tensor();
     if (N == 0) {
       if (dh.defined()) dh.zero_();
       if (dw.defined()) dw.zero_();
       return {dh, dw};
     }
     Tensor up = g[0].dtype() == ct ? g[0] : g[0].to(ct);
+    kernels::CrossEntropyParams bp = p;
+    bp.accumulate_d_weight = in_place;
     kernels::dispatch(kernels::fused_linear_cross_entropy_backward, "fused_linear_cross_entropy_backward", h.device(),
-                      dh, dw, up, h, w, y, tw, lse, p);
-    return {dh, dw};
+                      dh, dw, up, h, w, y, tw, lse, bp);
+    return {dh, in_place ? Tensor() : dw};
   });
   return loss;
 }

@@ -58,8 +58,20 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, bool deterministic) {
   out_shape.push_back(weight.shape()[1]);
   Tensor out = gather(weight, flat, out_shape, "embedding");
   if (!ag::should_record({weight})) return out;
+  // A leaf weight that already holds a gradient (accumulation over micro-batches) gets the rows added
+  // into it in place: no second [V, C] buffer (the scatter kernels add into their destination).
+  Tensor leaf = weight.is_leaf() ? weight : Tensor();
   ag::record("embedding", {weight}, out,
-             [flat, ws = weight.shape(), dt = weight.dtype(), deterministic](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+             [flat, leaf, ws = weight.shape(), dt = weight.dtype(), deterministic](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+               Tensor acc = leaf.defined() ? leaf.grad() : Tensor();
+               if (acc.defined() && acc.is_contiguous() && acc.dtype() == dt && acc.shape() == ws &&
+                   acc.device() == g[0].device()) {
+                 Tensor gg = g[0].dtype() == dt ? g[0].contiguous() : g[0].to(dt);
+                 if (flat.numel() > 0 && acc.numel() > 0)
+                   kernels::dispatch(kernels::scatter_add_rows, "scatter_add_rows", acc.device(), rows(acc),
+                                     rows(gg.view({flat.numel(), -1})), flat, deterministic);
+                 return {Tensor()};
+               }
                return {scatter_add_grad(ws, dt, g[0], flat, deterministic)};
              });
   return out;

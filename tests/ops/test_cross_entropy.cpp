@@ -12,6 +12,7 @@
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/random.h"
 #include "support/numerics.h"
+#include "fused_ce_accumulate_check.h"
 
 namespace kestrel {
 namespace {
@@ -285,5 +286,19 @@ TEST(FusedLinearCrossEntropy, NeverHoldsTokensByVocabBuffer) {
   EXPECT_TRUE(std::isfinite(item_f64(loss)));
 }
 
+}  // namespace
+}  // namespace kestrel
+
+namespace kestrel {
+namespace {
+// Gradient accumulation: the second micro-batch's weight gradient is added in place (CPU kernels).
+TEST(FusedLinearCrossEntropy, AccumulatesIntoTheHeldWeightGradient) {
+  testing::expect_fused_ce_accumulates_in_place(Device::cpu(), DType::F32, 37, 24, 53, 1e-5);
+  testing::expect_fused_ce_accumulates_in_place(Device::cpu(), DType::BF16, 19, 16, 29, 1e-2);
+}
+TEST(Embedding, AccumulatesIntoTheHeldWeightGradient) {
+  testing::expect_embedding_accumulates_in_place(Device::cpu(), DType::F32, 50, 12, 17, 1e-6);
+  testing::expect_embedding_accumulates_in_place(Device::cpu(), DType::BF16, 50, 12, 17, 1e-2);
+}
 }  // namespace
 }  // namespace kestrel

@@ -126,8 +126,11 @@ class Planner {
   // leaves (live). Frees the layer's saved tensors and allocates its parameter gradients.
   void decoder_layer_backward(bool params_first_time, bool free_input) {
     const int64_t T = s_.T, b = s_.b, TC = T * C_ * b, TI = T * I_ * b;
+    // The first micro-batch's parameter gradients stay (they become .grad); later ones are added into
+    // them and go at once.
     auto pgrad = [&](int64_t bytes) {
-      if (params_first_time) led.alloc(kGrad, bytes);
+      led.alloc(kGrad, bytes);
+      if (!params_first_time) led.free(kGrad, bytes);
     };
     // In a region's backward the incoming gradient stays referenced by the closure until it
     // returns, and the region input is a leaf of the inner tape: its first gradient is a clone,
@@ -236,7 +239,8 @@ class Planner {
   void vision_block_backward(bool first, bool free_input) {
     const int64_t T = s_.Tv, b = s_.b, TE = T * E_ * b, TI = T * IV_ * b;
     auto pgrad = [&](int64_t bytes) {
-      if (first) led.alloc(kGrad, bytes);
+      led.alloc(kGrad, bytes);
+      if (!first) led.free(kGrad, bytes);
     };
     const bool region = !free_input;  // see decoder_layer_backward
     // add(h, z): g to both. fc2: dx [T, I], dW, db; gelu: dx; fc1: dx [T, E].
@@ -434,124 +438,137 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   L.where = "data";
   L.alloc(kAct, batches * batch_bytes);
 
-  // ---- forward ----
-  const bool regions = policy != RecomputePolicy::None;
-  L.where = "forward: embed";
-  L.alloc(kAct, T * C * b);  // token embeddings (live until the splice)
-  const int64_t Tv = s.Tv, TE = Tv * E * b, P2 = mc.vision_config.patch_size * mc.vision_config.patch_size;
-  const int64_t Ti = s.Ti, sf = mc.pixel_shuffle_factor;
-  const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
-  if (vlm) {
-    L.where = "forward: vision";
-    L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
-    L.alloc(kAct, TE);               // patch GEMM out
-    L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
-    L.free(kAct, TE);
-    for (int64_t l = 0; l < P.LV_; ++l) {
-      L.where = "forward: vision.block." + std::to_string(l);
+  // One micro-batch; with train.grad_accum > 1 a second one replays with the first one's parameter
+  // gradients held (they are the peak of accumulation: later micro-batches add into them).
+  const int64_t accum = cfg["train"]["grad_accum"].get<int64_t>();
+  auto micro_batch = [&](bool first) {
+    if (!first) L.alloc(kAct, pixels);  // the next micro-batch's pixels (the forward frees them)
+    // ---- forward ----
+    const bool regions = policy != RecomputePolicy::None;
+    L.where = "forward: embed";
+    L.alloc(kAct, T * C * b);  // token embeddings (live until the splice)
+    const int64_t Tv = s.Tv, TE = Tv * E * b, P2 = mc.vision_config.patch_size * mc.vision_config.patch_size;
+    const int64_t Ti = s.Ti, sf = mc.pixel_shuffle_factor;
+    const int64_t Hp = mc.projector_hidden_size > 0 ? mc.projector_hidden_size : C;
+    if (vlm) {
+      L.where = "forward: vision";
+      L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
+      L.alloc(kAct, TE);               // patch GEMM out
+      L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
+      L.free(kAct, TE);
+      for (int64_t l = 0; l < P.LV_; ++l) {
+        L.where = "forward: vision.block." + std::to_string(l);
+        if (regions)
+          P.vision_block_forward_nograd();
+        else
+          P.vision_block_forward_recorded(kAct);
+      }
+      L.where = "forward: projector";
+      L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
+      L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
+      L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
+      L.alloc(kAct, Ti * C * b);            // linear_2 (img)
+      L.free(kAct, TE);                     // the post-layernorm output (only views of it were recorded)
+      L.where = "forward: splice";
+      L.alloc(kAct, T * C * b);             // spliced embeddings
+      L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
+    }
+    for (int64_t l = 0; l < P.L_; ++l) {
+      L.where = "forward: decoder.layer." + std::to_string(l);
       if (regions)
-        P.vision_block_forward_nograd();
+        P.decoder_layer_forward_nograd();
       else
-        P.vision_block_forward_recorded(kAct);
+        P.decoder_layer_forward_recorded(kAct);
     }
-    L.where = "forward: projector";
-    L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
-    L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
-    L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
-    L.alloc(kAct, Ti * C * b);            // linear_2 (img)
-    L.free(kAct, TE);                     // the post-layernorm output (only views of it were recorded)
-    L.where = "forward: splice";
-    L.alloc(kAct, T * C * b);             // spliced embeddings
-    L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
-  }
-  for (int64_t l = 0; l < P.L_; ++l) {
-    L.where = "forward: decoder.layer." + std::to_string(l);
-    if (regions)
-      P.decoder_layer_forward_nograd();
-    else
-      P.decoder_layer_forward_recorded(kAct);
-  }
-  L.where = "forward: final norm + loss";
-  L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
-  L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
-  // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
-  // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
-  // chunk's d_hidden. CUDA: the launcher's workspace (forward without, backward with the kept rows),
-  // and in backward an f32 d_weight that is cast into the bf16/f16 gradient.
-  const int64_t Nc = std::min<int64_t>(512, T);
-  const int64_t Vc = std::clamp<int64_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(C, 1), 256, 4096), 1, V);
-  const int64_t ce_forward = on_cuda ? cuda_cross_entropy_workspace_bytes(T, V, dtype, false)
-                                     : Nc * Vc * 4 + (dtype == DType::F32 ? 0 : (Nc + Vc) * C * 4);
-  const int64_t ce_backward =
-      on_cuda ? cuda_block_bytes(4) + (dtype == DType::F32 ? 0 : cuda_block_bytes(V * C * 4)) +
-                    cuda_cross_entropy_workspace_bytes(T, V, dtype, true)
-              : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
-  L.alloc(MemoryTag::Workspace, ce_forward);
-  L.free(MemoryTag::Workspace, ce_forward);
-  L.free(kAct, pixels);  // the step's batch copy of the pixels
+    L.where = "forward: final norm + loss";
+    L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
+    L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
+    // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
+    // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
+    // chunk's d_hidden. CUDA: the launcher's workspace in forward; in backward the lse-based pass's
+    // (ops/cuda/fused_linear_cross_entropy_backward.cu: a logits block, its gradient, an f32 d_hidden).
+    const int64_t Nc = std::min<int64_t>(512, T);
+    const int64_t Vc = std::clamp<int64_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(C, 1), 256, 4096), 1, V);
+    const int64_t ce_forward = on_cuda ? cuda_cross_entropy_workspace_bytes(T, V, dtype, false)
+                                       : Nc * Vc * 4 + (dtype == DType::F32 ? 0 : (Nc + Vc) * C * 4);
+    const int64_t ce_backward =
+        on_cuda ? cuda_cross_entropy_backward_workspace_bytes(T, V, C, dtype)
+                : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
+    L.alloc(MemoryTag::Workspace, ce_forward);
+    L.free(MemoryTag::Workspace, ce_forward);
+    L.free(kAct, pixels);  // the step's batch copy of the pixels
 
-  // ---- backward ----
-  L.where = "backward: loss";
-  L.alloc(kGrad, 4);  // the seed
-  L.alloc(kGrad, T * C * b);  // d_hidden
-  L.alloc(kGrad, V * C * b);  // d_lm_head (the tied embedding's gradient)
-  L.alloc(MemoryTag::Workspace, ce_backward);
-  L.free(MemoryTag::Workspace, ce_backward);
-  L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
-  L.free(kGrad, 4);
-  L.where = "backward: final norm";
-  L.alloc(kGrad, T * C * b + C * b);
-  P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
-  L.free(kGrad, T * C * b);
-  L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
-  for (int64_t l = P.L_ - 1; l >= 0; --l) {
-    L.where = "backward: decoder.layer." + std::to_string(l);
-    if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
-    P.decoder_layer_backward(true, !regions);
-    if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
-  }
-  // Layer 0's input gradient [T, C] is live.
-  const int64_t tied_grad = tc.tie_word_embeddings ? V * C * b : 0;  // added into the tied weight's gradient
-  if (!vlm) {
-    L.where = "backward: embed";
-    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient (the embedding's own when untied)
-    L.free(kGrad, tied_grad + T * C * b);
-  } else {
-    // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
-    L.where = "backward: splice";
-    L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
-    L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
-    // The token embeddings' gradient (db) waits: the engine walks the image branch first.
-    L.where = "backward: projector";
-    L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
-    L.free(kAct, Ti * Hp * b);
-    L.free(kGrad, Ti * C * b);
-    L.alloc(kGrad, Ti * Hp * b);  // gelu
-    L.free(kGrad, Ti * Hp * b);
-    L.free(kAct, Ti * Hp * b);
-    L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
-    L.free(kAct, TE);
-    L.free(kGrad, Ti * Hp * b);
-    L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
-    L.alloc(kGrad, TE + 2 * E * b);
-    P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
-    L.free(kGrad, 2 * TE);
-    L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
-    for (int64_t l = P.LV_ - 1; l >= 0; --l) {
-      L.where = "backward: vision.block." + std::to_string(l);
-      if (regions) P.vision_block_forward_recorded(kAct);
-      P.vision_block_backward(true, !regions);
-      if (regions) L.free(kAct, 2 * TE);
+    // ---- backward ----
+    L.where = "backward: loss";
+    L.alloc(kGrad, 4);  // the seed
+    L.alloc(kGrad, T * C * b);  // d_hidden
+    // d_lm_head (the tied embedding's gradient); later micro-batches add into it in place (the fused
+    // cross-entropy's d_weight GEMM with beta = 1), no new buffer.
+    if (first) L.alloc(kGrad, V * C * b);
+    L.alloc(MemoryTag::Workspace, ce_backward);
+    L.free(MemoryTag::Workspace, ce_backward);
+    L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
+    L.free(kGrad, 4);
+    L.where = "backward: final norm";
+    L.alloc(kGrad, T * C * b + C * b);
+    P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
+    L.free(kGrad, T * C * b + (first ? 0 : C * b));
+    L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
+    for (int64_t l = P.L_ - 1; l >= 0; --l) {
+      L.where = "backward: decoder.layer." + std::to_string(l);
+      if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
+      P.decoder_layer_backward(first, !regions);
+      if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
     }
-    L.where = "backward: vision embed";
-    L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
-    L.free(kGrad, TE);
-    L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
-    L.where = "backward: embed";
-    L.alloc(kGrad, V * C * b);  // scatter-add into a [V, C] gradient, then added into the tied weight's
-    L.free(kGrad, tied_grad + T * C * b);
-  }
-  (void)tc;
+    // Layer 0's input gradient [T, C] is live.
+    // The embedding's scatter-add goes into the weight's gradient in place once it holds one (the tied
+    // lm_head's, or an earlier micro-batch's); only an untied first micro-batch allocates [V, C].
+    const int64_t embed_grad = first && !tc.tie_word_embeddings ? V * C * b : 0;
+    if (!vlm) {
+      L.where = "backward: embed";
+      L.alloc(kGrad, embed_grad);
+      L.free(kGrad, T * C * b);
+    } else {
+      // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
+      L.where = "backward: splice";
+      L.alloc(kGrad, T * C * b + 2 * Ti * C * b);
+      L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
+      // The token embeddings' gradient (db) waits: the engine walks the image branch first.
+      L.where = "backward: projector";
+      L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
+      if (!first) L.free(kGrad, C * Hp * b + C * b);     // added into the held gradients
+      L.free(kAct, Ti * Hp * b);
+      L.free(kGrad, Ti * C * b);
+      L.alloc(kGrad, Ti * Hp * b);  // gelu
+      L.free(kGrad, Ti * Hp * b);
+      L.free(kAct, Ti * Hp * b);
+      L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
+      if (!first) L.free(kGrad, Hp * E * sf * sf * b + Hp * b);
+      L.free(kAct, TE);
+      L.free(kGrad, Ti * Hp * b);
+      L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
+      L.alloc(kGrad, TE + 2 * E * b);
+      P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
+      L.free(kGrad, 2 * TE + (first ? 0 : 2 * E * b));
+      L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+      for (int64_t l = P.LV_ - 1; l >= 0; --l) {
+        L.where = "backward: vision.block." + std::to_string(l);
+        if (regions) P.vision_block_forward_recorded(kAct);
+        P.vision_block_backward(first, !regions);
+        if (regions) L.free(kAct, 2 * TE);
+      }
+      L.where = "backward: vision embed";
+      L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
+      L.free(kGrad, TE + (first ? 0 : E * 3 * P2 * b + E * b + Tv / B * E * b));
+      L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
+      L.where = "backward: embed";
+      L.alloc(kGrad, embed_grad);
+      L.free(kGrad, T * C * b);
+    }
+
+  };
+  micro_batch(true);
+  if (accum > 1) micro_batch(false);
 
   // ---- optimizer ----
   L.where = "optimizer";

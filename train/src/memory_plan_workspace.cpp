@@ -95,4 +95,19 @@ int64_t cuda_norm_backward_workspace_bytes(int64_t rows, int64_t channels, int v
   return vectors * cuda_block_bytes(g * channels * 4) + (slabs > 1 ? cuda_block_bytes(slabs * channels * 4) : 0);
 }
 
+int64_t cuda_cross_entropy_backward_workspace_bytes(int64_t tokens, int64_t vocab, int64_t hidden, DType dtype) {
+  // backward_layout of ops/cuda/fused_linear_cross_entropy_backward.cu: vocabulary chunks of about 8192
+  // rows, a token chunk bounded by 768 MiB of logits + gradient, the coefficients, an f32 d_hidden for
+  // 16-bit inputs and, when the tokens take several chunks, one f32 [vc, H] block for d_weight.
+  const int64_t elem = dtype == DType::F32 ? 4 : 2;
+  const int64_t vc = round_up(ceil_div(vocab, ceil_div(vocab, 8192)), 8);
+  const int64_t fit = std::max<int64_t>(64, (768 * kMiB / (vc * (4 + elem))) / 64 * 64);
+  const int64_t nc = std::min(tokens, fit);
+  int64_t total = align256(kLtBytes) + align256(nc * vc * 4) + align256(nc * vc * elem) + align256(16 * tokens) +
+                  align256(4);
+  if (dtype != DType::F32) total += align256(tokens * hidden * 4);
+  if (dtype != DType::F32 && nc < tokens) total += align256(vc * hidden * 4);
+  return cuda_block_bytes(total);
+}
+
 }  // namespace kestrel::train::plan_detail

@@ -22,6 +22,8 @@ int64_t cuda_context_workspace_bytes();
 int64_t cuda_block_bytes(int64_t bytes);
 // Bytes of the fused linear + cross-entropy workspace: forward (gradients = false) or backward.
 int64_t cuda_cross_entropy_workspace_bytes(int64_t tokens, int64_t vocab, DType dtype, bool gradients);
+// The backward's workspace (the lse-based pass of ops/cuda/fused_linear_cross_entropy_backward.cu).
+int64_t cuda_cross_entropy_backward_workspace_bytes(int64_t tokens, int64_t vocab, int64_t hidden, DType dtype);
 int64_t cuda_attention_backward_workspace_bytes(int64_t tokens, int64_t heads, int64_t head_dim);
 // `vectors`: 1 for rms_norm (weight), 2 for layer_norm (weight and bias); one block each.
 int64_t cuda_norm_backward_workspace_bytes(int64_t rows, int64_t channels, int vectors);
