@@ -9,6 +9,7 @@
 #   first  : small + the 9B / 250k / 8k decoder inside 40 GiB, accumulation 1 (NS_STEPS1 steps, 12)
 #   second : the 9B inside 40 GiB, accumulation 1 (NS_STEPS1, 20) and 8 (NS_STEPS8, 4)
 #   all    : small + second
+#   acc8   : tests + the 9B inside 40 GiB at accumulation 8 (NS_STEPS8 steps), with its plan
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
 set -u
 cd "$(dirname "$0")/.."
@@ -37,13 +38,21 @@ run() {  # run LABEL TIMEOUT CONFIG [--set k=v ...]
 "$B/test_runtime" --gtest_brief=1 --gtest_filter='ParallelFor*' 2>&1 | tail -n 3
 "$B/test_train" --gtest_brief=1 --gtest_filter='AdamWOffload*' 2>&1 | tail -n 3
 "$B/test_train_cuda" --gtest_brief=1 --gtest_filter='AdamWOffload*' 2>&1 | tail -n 3
+# The in-place accumulation of the vocabulary-sized gradients and the lse-based fused CE backward.
+[ -x "$B/test_ops_cuda" ] && "$B/test_ops_cuda" --gtest_brief=1 \
+  --gtest_filter='FusedCrossEntropyBackwardCuda*:EmbeddingCuda*:CudaOpTable*:*FusedLinearCrossEntropy*' 2>&1 | tail -n 4
 [ "$MODE" = tests ] && exit 0
 
 S1=${NS_STEPS1:-12}
 S8=${NS_STEPS8:-4}
-if [ "$MODE" != second ]; then
+if [ "$MODE" != second ] && [ "$MODE" != acc8 ]; then
   run 1b5_none 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=none --set out_dir=runs/1b5_none
   run 1b5_host 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=host --set out_dir=runs/1b5_host
+fi
+if [ "$MODE" = acc8 ]; then
+  "$B/kestrel-mem" plan --config configs/llama_9b_250k_8k.json --set train.grad_accum=8 2>&1 | tail -n 14
+  run 9b_40g_acc8 300 configs/llama_9b_250k_8k.json --set train.steps="$S8" --set train.grad_accum=8 \
+    --warmup 1 --set train.warmup_steps=1 --set out_dir=runs/9b_acc8
 fi
 if [ "$MODE" = first ]; then
   run 9b_40g_acc1 300 configs/llama_9b_250k_8k.json --set train.steps="$S1" --set out_dir=runs/9b_acc1
