@@ -80,7 +80,6 @@ void fused_linear_cross_entropy_backward(const FusedLinearCrossEntropyParams& p,
                 " V=", p.vocab);
   KESTREL_CHECK(p.hidden_states && p.weight && p.labels && lse, kOp, "hidden_states, weight, labels and lse must be non-null");
   KESTREL_CHECK(p.label_smoothing >= 0.0f && p.label_smoothing <= 1.0f, kOp, "label_smoothing must be in [0, 1]");
-  KESTREL_CHECK(p.hidden % 8 == 0, kOp, "hidden size must be a multiple of 8, got ", p.hidden);
   const BackwardLayout l = backward_layout(p);
   KESTREL_CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0 && workspace_bytes >= l.total,
                 kOp, "workspace must be 256-byte aligned and hold ", l.total, " bytes, got ", workspace_bytes);
