@@ -103,6 +103,8 @@ TEST(Checkpoint, FlippedByteIsRefusedNamingTheFileAndLatestFallsBack) {
   TrainSummary s = train(run_cfg(out, 6, 2), "latest", &log);
   EXPECT_TRUE(log.has("step_00000004 skipped")) << log.lines.front();
   EXPECT_TRUE(log.has("falling back to " + ckpt(out, 2)));
+  EXPECT_TRUE(fs::exists(ckpt(out, 4) + ".damaged"));  // set aside, not counted, not pruned
+  EXPECT_TRUE(verify_checkpoint(ckpt(out, 4)).empty());  // written again by the resumed run
   EXPECT_EQ(s.steps, 4);
   EXPECT_TRUE(std::isfinite(s.last_loss));
   fs::remove_all(out);

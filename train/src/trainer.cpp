@@ -299,8 +299,8 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
   Impl& I = *impl_;
   for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
   std::string dir = checkpoint;
+  std::vector<SkippedCheckpoint> skipped;
   if (checkpoint == "latest") {
-    std::vector<SkippedCheckpoint> skipped;
     dir = latest_checkpoint(I.out_dir, &skipped);
     std::string why;
     for (const SkippedCheckpoint& s : skipped) {
@@ -329,6 +329,12 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
   I.resumed = true;
   I.last_checkpoint = dir;
   trim_metrics(I.out_dir + "/metrics.jsonl", st.step);
+  // Damaged checkpoints newer than the one resumed from are set aside (kept for inspection): the
+  // run writes those steps again, and pruning and `latest` must not count them.
+  for (const SkippedCheckpoint& s : skipped) {
+    fs::rename(s.dir, s.dir + ".damaged");
+    I.log("checkpoint " + s.dir + " set aside as " + s.dir + ".damaged");
+  }
   I.log("resumed from " + dir + " at step " + std::to_string(st.step) + ", data position " +
         std::to_string(I.data_position));
   if (st.optimizer_state == OptimizerStateForm::Bf16)
