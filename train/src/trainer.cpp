@@ -447,9 +447,10 @@ TrainSummary Trainer::run() {
     } else if (!finite) {
       // The update is already applied: no checkpoint is written from here, so the last one stays good.
       throw make_error("train", "non-finite ", std::isfinite(loss) ? "grad norm " : "loss ",
-                       std::isfinite(loss) ? gnorm : loss, " at step ", I.step, " (data positions ",
-                       I.data_position - static_cast<uint64_t>(I.accum), "..", I.data_position - 1,
-                       "); stopped (train.nonfinite \"stop\"). ",
+                       std::isfinite(loss) ? gnorm : loss, " at step ", I.step, " (micro-batches at data position",
+                       I.accum > 1 ? "s " + std::to_string(I.data_position - static_cast<uint64_t>(I.accum)) + ".."
+                                   : std::string(" "),
+                       I.data_position - 1, "); stopped (train.nonfinite \"stop\"). ",
                        I.last_checkpoint.empty() ? std::string("No checkpoint was written by this run")
                                                  : "The last good checkpoint is " + I.last_checkpoint,
                        ". Lower train.lr or raise train.warmup_steps, check the data, or set train.nonfinite=skip "
