@@ -59,10 +59,11 @@ def measure(v, iters=8, warmup=2):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--vocab", type=int, action="append", help="only these vocabularies (default: all four)")
     args = ap.parse_args()
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}: plain linear + CE, N={N} H={H} bf16, fwd+bwd")
     rows = []
-    for v in VOCABS:
+    for v in args.vocab or VOCABS:
         r = measure(v)
         rows.append(r)
         print(f"V={r['V']:>7}  {r['ms']:8.2f} ms  {r['tflops']:7.1f} TFLOP/s  extra {r['extra_gib']:7.2f} GiB  loss {r['loss']:.4f}",
