@@ -104,7 +104,9 @@ Losses train_decoder(Device device, DType dtype, int steps) {
   Tensor ids = ids_cpu.to(device);
   Tensor target = Tensor::from_vector(labels, {40}, DType::I64, device);
   models::PackedBatch batch = models::PackedBatch::from_lengths(lengths, device);
-  train::AdamW opt(model->parameters(), AdamWOptions{.lr = 1e-2, .weight_decay = 0.0});
+  // The decoder's AdamW keeps its state in host memory (the embedding API of optimizer.offload=host).
+  train::AdamW opt(model->parameters(), AdamWOptions{.lr = 1e-2, .weight_decay = 0.0},
+                   train::OptimizerPlacement{.offload = train::OptimizerOffload::Host});
   Losses l;
   for (int step = 0; step < steps; ++step) {
     Tensor loss;
