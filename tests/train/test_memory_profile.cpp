@@ -81,6 +81,8 @@ TEST(MemoryPlan, MatchesProfileOnSmallerModel) {
   cfg["precision"] = "bf16";
   cfg["recompute"] = "none";
   expect_plan_matches(cfg, "small bf16");
+  cfg["train"]["grad_accum"] = 2;
+  expect_plan_matches(cfg, "small bf16, accumulation 2");
   fs::remove_all(dir);
 }
 
@@ -94,6 +96,15 @@ TEST(MemoryPlan, MatchesProfileOnDecoderTokens) {
     expect_plan_matches(cfg, tied ? "decoder tied" : "decoder");
     cfg["recompute"] = "recompute";
     expect_plan_matches(cfg, tied ? "decoder tied+recompute" : "decoder+recompute");
+    // Accumulation: later micro-batches run with the first one's parameter gradients held (the
+    // vocabulary-sized ones are added in place); the planner replays a second micro-batch.
+    cfg["train"]["grad_accum"] = 3;
+    expect_plan_matches(cfg, tied ? "decoder tied+recompute, accumulation 3" : "decoder+recompute, accumulation 3");
+    cfg["recompute"] = "none";
+    cfg["precision"] = "bf16";
+    cfg["optimizer"]["offload"] = "host";
+    expect_plan_matches(cfg, tied ? "decoder tied bf16, accumulation 3, offload host"
+                                  : "decoder bf16, accumulation 3, offload host");
   }
   fs::remove_all(dir);
 }

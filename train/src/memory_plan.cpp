@@ -419,6 +419,8 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     plan.host_optimizer_state = plan.parameters * 12;
     plan.host_pinned = 2 * cfg["optimizer"]["staging_slots"].get<int64_t>() *
                        (cfg["optimizer"]["staging_slot_mib"].get<int64_t>() << 20);
+  } else if (plan.optimizer_offload == "host") {
+    L.alloc(MemoryTag::OptimizerState, plan.parameters * 12);  // CPU parameters: the state is host memory anyway
   } else {
     L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
   }
