@@ -11,6 +11,7 @@
 
 #include "kestrel/models/config.h"
 #include "kestrel/models/file_io.h"
+#include "kestrel/models/json_text.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::models {
@@ -561,12 +562,8 @@ nlohmann::json VlmConfig::to_json() const {
 
 nlohmann::json read_json_file(const std::string& path, const char* component) {
   auto map = MappedFile::open(path, component);
-  const char* text = reinterpret_cast<const char*>(map->data());
-  try {
-    return json::parse(text, text + map->size());
-  } catch (const json::parse_error& e) {
-    throw make_error(component, "'", path, "' is not valid JSON: ", e.what());
-  }
+  return parse_json_text(std::string_view(reinterpret_cast<const char*>(map->data()), map->size()),
+                         "'" + path + "'", component);
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j, const char* component) {

@@ -23,10 +23,66 @@ std::string parent_dir(const std::string& path) {
   auto parent = p.parent_path();
   return parent.empty() ? std::string(".") : parent.string();
 }
+
+
+// "a FIFO", "a folder", ...: what a path that is not a regular file names.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// True when `p` is `base` or lies below it (both absolute, normalised).
+bool is_within(const std::filesystem::path& p, const std::filesystem::path& base) {
+  auto b = base.begin(), q = p.begin();
+  for (; b != base.end(); ++b, ++q) {
+    if (b->empty()) continue;  // a trailing separator
+    if (q == p.end() || *q != *b) return false;
+  }
+  return true;
+}
 }  // namespace
 
+void require_regular_file(const std::string& path, const char* component) {
+  struct stat st {};
+  KESTREL_CHECK(::stat(path.c_str(), &st) == 0, component, "cannot open '", path, "': ", errno_text());
+  KESTREL_CHECK(S_ISREG(st.st_mode), component, "'", path, "' is ", file_kind(st.st_mode),
+                ", not a regular file; only regular files are read");
+}
+
+std::string confined_path(const std::string& dir, const std::string& name, const std::string& named_by,
+                          const char* component) {
+  namespace fs = std::filesystem;
+  const fs::path rel(name);
+  KESTREL_CHECK(!name.empty() && name.find('\0') == std::string::npos, component, "'", named_by,
+                "' names an empty or malformed file name");
+  KESTREL_CHECK(rel.is_relative() && !rel.has_root_name(), component, "'", named_by, "' names '", name,
+                "', an absolute path; only file names relative to its folder are allowed");
+  for (const fs::path& part : rel)
+    KESTREL_CHECK(part != "..", component, "'", named_by, "' names '", name,
+                  "', which climbs out of its folder ('..'); only file names inside its folder are allowed");
+  std::error_code ec;
+  const fs::path base = fs::canonical(dir.empty() ? fs::path(".") : fs::path(dir), ec);
+  KESTREL_CHECK(!ec, component, "cannot resolve the folder of '", named_by, "': ", ec.message());
+  const fs::path real = fs::weakly_canonical(base / rel, ec);  // symlinks of the existing part resolved
+  KESTREL_CHECK(!ec, component, "'", named_by, "' names '", name, "', which cannot be resolved: ", ec.message());
+  // A Hugging Face hub cache snapshot (<repo>/snapshots/<revision>/) holds symlinks to <repo>/blobs.
+  const bool hub_blob = base.parent_path().filename() == "snapshots" &&
+                        is_within(real, base.parent_path().parent_path() / "blobs");
+  KESTREL_CHECK(is_within(real, base) || hub_blob, component, "'", named_by, "' names '", name,
+                "', which resolves (through symlinks) to '", real.string(), "', outside its folder '",
+                base.string(), "'");
+  return (fs::path(dir) / rel).string();
+}
+
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, const char* component) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // stat before open: opening a FIFO for reading blocks until a writer appears. O_NONBLOCK covers
+  // a path swapped for a FIFO between the two calls; fstat below checks what was opened.
+  require_regular_file(path, component);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   KESTREL_CHECK(fd >= 0, component, "cannot open '", path, "': ", errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -36,7 +92,7 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, cons
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw make_error(component, "'", path, "' is not a regular file");
+    throw make_error(component, "'", path, "' is ", file_kind(st.st_mode), ", not a regular file");
   }
   std::shared_ptr<MappedFile> m(new MappedFile());
   m->path_ = path;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "kestrel/models/json_text.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
 
@@ -73,8 +74,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   KESTREL_CHECK(size >= 8, kComp, "'", path, "' is truncated: ", size,
                 " bytes, too small for the 8-byte header length");
   const uint64_t n = read_u64_le(f.map_->data());
-  KESTREL_CHECK(n <= kSafetensorsMaxHeaderBytes, kComp, "'", path, "': header length ", n,
-                " exceeds the limit of ", kSafetensorsMaxHeaderBytes, " bytes");
+  // The length is not printed here: above the limit it is most likely the first 8 bytes of a file
+  // that is not safetensors at all, and errors never quote what a file holds.
+  KESTREL_CHECK(n <= kSafetensorsMaxHeaderBytes, kComp, "'", path, "': header length (the first 8 bytes) exceeds ",
+                "the limit of ", kSafetensorsMaxHeaderBytes, " bytes; not a safetensors file?");
   KESTREL_CHECK(n <= size - 8, kComp, "'", path, "': header length ", n, " runs beyond the end of the file (",
                 size, " bytes; truncated?)");
   KESTREL_CHECK(n >= 2, kComp, "'", path, "': header length ", n, " is too small for a JSON object");
@@ -82,12 +85,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const uint64_t data_size = size - f.data_offset_;
 
   const char* hdr = reinterpret_cast<const char*>(f.map_->data() + 8);
-  json j;
-  try {
-    j = json::parse(hdr, hdr + n);
-  } catch (const json::parse_error& e) {
-    throw make_error(kComp, "'", path, "': header is not valid JSON: ", e.what());
-  }
+  const json j = parse_json_text(std::string_view(hdr, n), "'" + path + "': header", kComp);
   KESTREL_CHECK(j.is_object(), kComp, "'", path, "': header must be a JSON object, got ", j.type_name());
 
   struct Range {
@@ -205,20 +203,15 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
     r.metadata_ = r.files_[0].metadata();
   } else {
     auto map = MappedFile::open(target, kComp);
-    const char* text = reinterpret_cast<const char*>(map->data());
-    json j;
-    try {
-      j = json::parse(text, text + map->size());
-    } catch (const json::parse_error& e) {
-      throw make_error(kComp, "index '", target, "' is not valid JSON: ", e.what());
-    }
+    const json j = parse_json_text(std::string_view(reinterpret_cast<const char*>(map->data()), map->size()),
+                                   "index '" + target + "'", kComp);
     KESTREL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), kComp, "index '",
                   target, "' has no weight_map object");
     if (j.contains("metadata") && j["metadata"].is_object()) {
       for (auto m = j["metadata"].begin(); m != j["metadata"].end(); ++m)
         r.metadata_[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
     }
-    const fs::path dir = fs::path(target).parent_path();
+    const std::string dir = fs::path(target).parent_path().string();
     std::map<std::string, size_t> shard_of;  // shard file name -> index in files_
     std::vector<std::pair<std::string, std::string>> wanted;  // tensor, shard
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -226,11 +219,12 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
                     "' must be a file name string");
       const std::string shard = it.value().get<std::string>();
       if (!shard_of.count(shard)) {
-        const fs::path shard_path = dir / shard;
+        // Shards stay inside the index's folder: an entry like "../../x" or "/etc/x" is refused.
+        const std::string shard_path = confined_path(dir, shard, target, kComp);
         KESTREL_CHECK(fs::exists(shard_path, ec), kComp, "index '", target, "' names shard '", shard,
-                      "' (for tensor '", it.key(), "') but '", shard_path.string(), "' does not exist");
+                      "' (for tensor '", it.key(), "') but '", shard_path, "' does not exist");
         shard_of[shard] = r.files_.size();
-        r.files_.push_back(SafetensorsFile::open(shard_path.string()));
+        r.files_.push_back(SafetensorsFile::open(shard_path));
       }
       wanted.emplace_back(it.key(), shard);
     }

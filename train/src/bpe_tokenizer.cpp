@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <mutex>
 
+#include "kestrel/models/config.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::train {
@@ -114,15 +114,7 @@ struct BpeTokenizer::Cache {
 };
 
 BpeTokenizer BpeTokenizer::from_file(const std::string& path) {
-  std::ifstream f(path);
-  KESTREL_CHECK(f.good(), kComp, "cannot open tokenizer '", path, "'");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const std::exception& e) {
-    throw make_error(kComp, "'", path, "' is not valid JSON (", e.what(), ")");
-  }
-  return from_json(j, path);
+  return from_json(models::read_json_file(path, kComp), path);  // regular files only, errors quote no bytes
 }
 
 BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) {
@@ -150,8 +142,16 @@ BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) {
   KESTREL_CHECK(have_split, kComp, "'", source, "': the pre_tokenizer has no split (ByteLevel use_regex or Split)");
   t.ignore_merges_ = truthy(m, "ignore_merges");
 
+  // The id table is sized by the largest id: an id far past the number of tokens the file holds
+  // would allocate gigabytes for nothing (gaps of up to kIdGap unused ids are allowed).
+  constexpr int64_t kIdGap = int64_t{1} << 20;
+  const size_t n_added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"].size() : 0;
+  const int64_t id_limit = static_cast<int64_t>(m["vocab"].size() + n_added) + kIdGap;
   auto add_token = [&](const std::string& tok, int64_t id, bool added) {
     KESTREL_CHECK(id >= 0 && id < (int64_t{1} << 31), kComp, "'", source, "': token '", tok, "' has id ", id);
+    KESTREL_CHECK(id < id_limit, kComp, "'", source, "': token '", tok, "' has id ", id, ", far beyond the ",
+                  id_limit - kIdGap, " tokens the file holds (ids must be nearly dense; at most ", kIdGap,
+                  " unused ids)");
     t.vocab_[tok] = id;
     if (id >= static_cast<int64_t>(t.id_to_token_.size())) {
       t.id_to_token_.resize(static_cast<size_t>(id) + 1);

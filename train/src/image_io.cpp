@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstring>
+#include <new>
 
 #include "kestrel/models/file_io.h"
 #include "kestrel/runtime/error.h"
@@ -39,8 +40,8 @@ std::string ppm_token(std::span<const std::byte> b, size_t& pos, const std::stri
 
 int64_t ppm_int(std::span<const std::byte> b, size_t& pos, const std::string& source, const char* what) {
   const std::string t = ppm_token(b, pos, source);
-  for (char c : t) KESTREL_CHECK(std::isdigit(static_cast<unsigned char>(c)), kComp, "'", source, "': PPM ", what, " '", t, "' is not a number");
-  KESTREL_CHECK(t.size() <= 9, kComp, "'", source, "': PPM ", what, " ", t, " is too large");
+  for (char c : t) KESTREL_CHECK(std::isdigit(static_cast<unsigned char>(c)), kComp, "'", source, "': PPM ", what, " is not a number");
+  KESTREL_CHECK(t.size() <= 9, kComp, "'", source, "': PPM ", what, " has ", t.size(), " digits, too large");
   return std::stoll(t);
 }
 }  // namespace
@@ -57,9 +58,12 @@ void write_ppm(const std::string& path, std::span<const uint8_t> rgb, int64_t wi
 }
 
 Image decode_ppm(std::span<const std::byte> b, const std::string& source) {
+  // Errors never quote the file's bytes (it may not be an image at all).
+  KESTREL_CHECK(b.size() >= 2 && static_cast<char>(b[0]) == 'P' && static_cast<char>(b[1]) == '6', kComp, "'",
+                source, "': not a binary PPM (it does not start with 'P6')");
   size_t pos = 0;
   const std::string magic = ppm_token(b, pos, source);
-  KESTREL_CHECK(magic == "P6", kComp, "'", source, "': not a binary PPM (magic '", magic, "', expected 'P6')");
+  KESTREL_CHECK(magic == "P6", kComp, "'", source, "': not a binary PPM (no whitespace after 'P6')");
   Image img;
   img.width = ppm_int(b, pos, source, "width");
   img.height = ppm_int(b, pos, source, "height");
@@ -94,10 +98,26 @@ Image decode_png(std::span<const std::byte> bytes, const std::string& source) {
   if (!png_image_begin_read_from_memory(&im, bytes.data(), bytes.size()))
     throw make_error(kComp, "'", source, "': cannot decode PNG: ", im.message);
   im.format = PNG_FORMAT_RGB;  // libpng converts grey/palette/16-bit and composites alpha on black
+  // Sized in 64 bits (PNG_IMAGE_SIZE is 32-bit arithmetic and wraps) and checked against the file
+  // before allocating: deflate expands at most ~1032x and a 1-bit grey pixel becomes 3 bytes, so an
+  // image larger than 1032 x 24 x the file's bytes is a lie of its header, not a big picture.
+  const uint64_t need = uint64_t{im.width} * uint64_t{im.height} * 3;
+  const uint64_t most = (uint64_t{bytes.size()} + 64) * 1032 * 24;
+  if (need > most) {
+    png_image_free(&im);
+    throw make_error(kComp, "'", source, "': PNG header claims ", im.width, "x", im.height, " pixels (", need,
+                     " bytes as RGB), more than a ", bytes.size(), "-byte PNG can hold");
+  }
   Image img;
   img.width = im.width;
   img.height = im.height;
-  img.pixels.resize(PNG_IMAGE_SIZE(im));
+  try {
+    img.pixels.resize(static_cast<size_t>(need));
+  } catch (const std::bad_alloc&) {
+    png_image_free(&im);
+    throw make_error(kComp, "'", source, "': out of host memory for a ", im.width, "x", im.height, " image (",
+                     need, " bytes)");
+  }
   if (!png_image_finish_read(&im, nullptr, img.pixels.data(), 0, nullptr)) {
     std::string why = im.message;
     png_image_free(&im);

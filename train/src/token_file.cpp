@@ -2,6 +2,7 @@
 #include "kestrel/train/token_file.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -158,7 +159,8 @@ std::vector<std::string> expand_shards(const std::string& patterns) {
     any_pattern = true;
     if (pat.find_first_of("*?[") == std::string::npos) {
       std::error_code ec;
-      KESTREL_CHECK(std::filesystem::is_regular_file(pat, ec), kComp, "shard file '", pat, "' does not exist");
+      KESTREL_CHECK(std::filesystem::exists(pat, ec), kComp, "shard file '", pat, "' does not exist");
+      models::require_regular_file(pat, kComp);
       out.push_back(pat);
       continue;
     }
@@ -170,6 +172,14 @@ std::vector<std::string> expand_shards(const std::string& patterns) {
     ::globfree(&g);
     KESTREL_CHECK(rc == 0 || rc == GLOB_NOMATCH, kComp, "cannot expand shard pattern '", pat, "' (glob error ", rc, ")");
     KESTREL_CHECK(!found.empty(), kComp, "no files match the shard pattern '", pat, "'");
+    // A FIFO or device among the matches would block or stream forever when opened: refuse it here,
+    // naming the pattern that matched it.
+    for (const std::string& f : found) {
+      struct stat st {};
+      KESTREL_CHECK(::stat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode), kComp, "shard pattern '", pat,
+                    "' matches '", f, "', which is not a regular file (a folder, FIFO or device); only regular ",
+                    "token files are read");
+    }
     std::sort(found.begin(), found.end());
     out.insert(out.end(), found.begin(), found.end());
   }

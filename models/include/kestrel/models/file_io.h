@@ -16,10 +16,23 @@
 
 namespace kestrel::models {
 
+// Throws "[component] '<path>' is a FIFO (named pipe), not a regular file; ..." unless `path`
+// (symlinks followed) is a regular file. Readers check before opening: opening a FIFO blocks.
+void require_regular_file(const std::string& path, const char* component = "file");
+
+// `name`, a file name read from `named_by` (a sharded index's weight_map entry, ...), joined to
+// `dir`, the folder of `named_by`. Throws unless it stays inside `dir` after resolving symlinks:
+// absolute names and '..' are refused, and so is a symlink leading out of the folder (except, in a
+// Hugging Face hub cache snapshot <repo>/snapshots/<rev>/, into that repo's blobs/ folder, where
+// the hub keeps the files). Returns dir / name (unresolved, for messages).
+std::string confined_path(const std::string& dir, const std::string& name, const std::string& named_by,
+                          const char* component = "file");
+
 // A whole file mapped read-only. Empty files are valid (bytes() is empty, nothing is mapped).
 class MappedFile {
  public:
-  // Throws kestrel::Error "[component] cannot open '<path>': <reason>".
+  // Throws kestrel::Error "[component] cannot open '<path>': <reason>"; only regular files are
+  // opened (a FIFO, device or folder is an error, never a blocking open).
   static std::shared_ptr<const MappedFile> open(const std::string& path, const char* component = "file");
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;

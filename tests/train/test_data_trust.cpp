@@ -1,0 +1,203 @@
+// Trust boundaries of the data loaders (issue 18 item 4), each test written as the failure it
+// prevents: a FIFO matched by a token-file glob (or named as a tokenizer) hung the process in
+// open(); impossible sizes in a file's header became std::bad_alloc (or an allocation of
+// gigabytes) instead of an error naming the file and the size; errors quoted a file's bytes.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "kestrel/runtime/error.h"
+#include "kestrel/train/bpe_tokenizer.h"
+#include "kestrel/train/image_io.h"
+#include "kestrel/train/token_data.h"
+#include "kestrel/train/token_file.h"
+
+namespace fs = std::filesystem;
+using namespace kestrel;
+using namespace kestrel::train;
+using nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("kestrel_dt_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected kestrel::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected kestrel::Error, nothing was thrown";
+  return "";
+}
+
+void expect_has(const std::string& msg, std::initializer_list<std::string> needles) {
+  for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+}
+
+// A FIFO watched while a loader runs: a reader blocked in open() lets a non-blocking writer open
+// succeed, which records the hang and releases the reader (a regression fails, it does not hang).
+class FifoWatch {
+ public:
+  explicit FifoWatch(std::string path) : path_(std::move(path)) {
+    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0) << "mkfifo " << path_;
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        int fd = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) {
+          blocked_reader_ = true;
+          ::close(fd);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+  }
+  ~FifoWatch() {
+    stop_ = true;
+    thread_.join();
+  }
+  bool reader_blocked() const { return blocked_reader_; }
+
+ private:
+  std::string path_;
+  std::atomic<bool> stop_{false}, blocked_reader_{false};
+  std::thread thread_;
+};
+
+json tiny_tokenizer(int64_t last_id) {
+  json vocab = json::object();
+  vocab["a"] = 0;
+  vocab["b"] = last_id;
+  return json{{"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+}
+
+uint32_t crc32(const uint8_t* p, size_t n) {
+  uint32_t crc = ~0u;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+void put_be32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 3; i >= 0; --i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+void png_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
+  put_be32(out, static_cast<uint32_t>(data.size()));
+  std::vector<uint8_t> td(type, type + 4);
+  td.insert(td.end(), data.begin(), data.end());
+  out.insert(out.end(), td.begin(), td.end());
+  put_be32(out, crc32(td.data(), td.size()));
+}
+
+// A PNG whose header claims w x h 8-bit RGB pixels, followed by a few bytes of (unused) data.
+std::vector<std::byte> png_claiming(uint32_t w, uint32_t h) {
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  std::vector<uint8_t> ihdr;
+  put_be32(ihdr, w);
+  put_be32(ihdr, h);
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
+  png_chunk(png, "IHDR", ihdr);
+  png_chunk(png, "IDAT", {0x78, 0x01, 0x03, 0x00});
+  png_chunk(png, "IEND", {});
+  std::vector<std::byte> out(png.size());
+  std::memcpy(out.data(), png.data(), png.size());
+  return out;
+}
+
+}  // namespace
+
+TEST(DataTrust, FifoMatchedByATokenGlobIsAnErrorNotAHang) {
+  TempDir dir;
+  write_token_file(dir.file("train_000.bin"), std::vector<uint32_t>{1, 2, 3}, TokenFormat::U16);
+  FifoWatch fifo(dir.file("train_001.bin"));
+  const std::string pattern = dir.file("train_*.bin");
+  expect_has(error_of([&] { expand_shards(pattern); }), {"[token_file]", pattern, "train_001.bin", "not a regular file"});
+  expect_has(error_of([&] { TokenStream(pattern, 16, -1); }), {"train_001.bin", "not a regular file"});
+  // Named without a wildcard, or opened directly.
+  expect_has(error_of([&] { expand_shards(dir.file("train_001.bin")); }), {"train_001.bin", "FIFO"});
+  expect_has(error_of([&] { TokenFile::open(dir.file("train_001.bin")); }), {"train_001.bin", "FIFO"});
+  EXPECT_FALSE(fifo.reader_blocked());
+  // A folder matched by the glob is refused the same way.
+  fs::create_directories(dir.path / "train_002.bin");
+  fs::remove(dir.path / "train_001.bin");
+  expect_has(error_of([&] { expand_shards(pattern); }), {"train_002.bin", "not a regular file"});
+}
+
+TEST(DataTrust, FifoAsTokenizerIsAnErrorNotAHang) {
+  TempDir dir;
+  FifoWatch fifo(dir.file("tokenizer.json"));
+  expect_has(error_of([&] { BpeTokenizer::from_file(dir.file("tokenizer.json")); }), {"tokenizer.json", "FIFO"});
+  EXPECT_FALSE(fifo.reader_blocked());
+}
+
+TEST(DataTrust, TokenizerIdFarBeyondItsTokensIsAnErrorNotBadAlloc) {
+  TempDir dir;
+  std::ofstream(dir.file("tokenizer.json")) << tiny_tokenizer(2'000'000'000).dump();
+  expect_has(error_of([&] { BpeTokenizer::from_file(dir.file("tokenizer.json")); }),
+             {"tokenizer.json", "'b'", "id 2000000000", "far beyond"});
+  // Small gaps in the ids (reserved ranges) stay fine.
+  std::ofstream(dir.file("gappy.json")) << tiny_tokenizer(1000).dump();
+  EXPECT_EQ(BpeTokenizer::from_file(dir.file("gappy.json")).vocab_size(), 1001);
+}
+
+TEST(DataTrust, TokenizerErrorsNeverQuoteTheFile) {
+  TempDir dir;
+  std::ofstream(dir.file("tokenizer.json")) << "SECRETKEY-hunter2";
+  const std::string msg = error_of([&] { BpeTokenizer::from_file(dir.file("tokenizer.json")); });
+  expect_has(msg, {"tokenizer.json", "not valid JSON"});
+  EXPECT_EQ(msg.find("SECRET"), std::string::npos) << msg;
+}
+
+TEST(DataTrust, ImageHeaderClaimingAnImpossibleSizeIsAnErrorNotBadAlloc) {
+  if (!png_supported()) GTEST_SKIP() << "built without libpng";
+  // 1,000,000 x 1,000,000 RGB (3 TB; libpng's own limit is 1e6 per side) from a ~60-byte file.
+  auto png = png_claiming(1'000'000, 1'000'000);
+  expect_has(error_of([&] { decode_png(png, "huge.png"); }), {"huge.png", "1000000x1000000", "3000000000000 bytes"});
+  // 65536 x 65536 is 12 GiB and wraps PNG_IMAGE_SIZE's 32-bit arithmetic to 0: refused too.
+  png = png_claiming(65536, 65536);
+  expect_has(error_of([&] { decode_png(png, "wrap.png"); }), {"wrap.png", "65536x65536"});
+}
+
+TEST(DataTrust, PpmErrorsNeverQuoteTheFile) {
+  const std::string text = "SECRETKEY-hunter2 and more";
+  std::vector<std::byte> b(text.size());
+  std::memcpy(b.data(), text.data(), text.size());
+  std::string msg = error_of([&] { decode_ppm(b, "x.ppm"); });
+  expect_has(msg, {"x.ppm", "not a binary PPM"});
+  EXPECT_EQ(msg.find("SECRET"), std::string::npos) << msg;
+  const std::string bad = "P6 SECRETKEY 2 255\n";
+  b.assign(bad.size(), std::byte{0});
+  std::memcpy(b.data(), bad.data(), bad.size());
+  msg = error_of([&] { decode_ppm(b, "y.ppm"); });
+  expect_has(msg, {"y.ppm", "width is not a number"});
+  EXPECT_EQ(msg.find("SECRET"), std::string::npos) << msg;
+}
