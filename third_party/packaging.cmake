@@ -1,5 +1,6 @@
 # Packaging: `cmake --install <build> --prefix <dir>` produces a relocatable package for embedders:
 #   include/kestrel/...                      every layer's public headers (private ones stay behind)
+#                                            and the umbrella kestrel/kestrel.h (top-level include/)
 #   lib/libkestrel.so                        RPATH $ORIGIN (+ the CUDA library dir when built with CUDA)
 #   lib/cmake/kestrel/kestrelConfig.cmake    find_package(kestrel CONFIG) -> kestrel::kestrel
 #   lib/cmake/kestrel/kestrelConfigVersion.cmake
@@ -19,8 +20,8 @@ install(TARGETS kestrel EXPORT kestrelTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(layer IN LISTS KESTREL_LAYERS)
-  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+foreach(dir IN LISTS KESTREL_LAYERS ITEMS .)  # "." : the umbrella kestrel/kestrel.h in include/
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 

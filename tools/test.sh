@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds everything (CUDA code too where nvcc exists) and runs every test through ctest.
+# Checks the layers' includes, builds everything (CUDA code too where nvcc exists), runs every test
+# through ctest.
 # GPU tests skip cleanly on machines without a GPU. Then checks the installed package with the consumer
 # project in tests/consumer. Usage: tools/test.sh [extra ctest args]
 # Environment: KESTREL_BUILD_DIR (default build), KESTREL_CUDA=ON|OFF (default: ON when nvcc exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The layering (runtime <- autograd <- ops <- models <- train <- tools) from the includes: a second,
+# before anything is built.
+bash tools/check_layers.sh
 source tools/setup_deps.sh
 kestrel_setup_deps
 BUILD_DIR=${KESTREL_BUILD_DIR:-build}

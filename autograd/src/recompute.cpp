@@ -2,8 +2,6 @@
 #include "kestrel/autograd/recompute.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "capture.h"
 #include "kestrel/autograd/grad_mode.h"
@@ -26,42 +24,6 @@ RecomputePolicy parse_recompute_policy(const std::string& s) {
   if (s == "recompute" || s == "keep") return RecomputePolicy::Keep;
   if (s == "offload" || s == "recompute+offload") return RecomputePolicy::Offload;
   throw make_error("recompute", "unknown policy '", s, "'; expected none, recompute or offload");
-}
-
-namespace {
-
-// Keeps the tensor where it is (CPU tensors, and any device without an installed offloader).
-class KeepHandle final : public OffloadHandle {
- public:
-  explicit KeepHandle(Tensor t) : t_(std::move(t)) {}
-  void prefetch() override {}
-  Tensor get() override { return t_; }
-
- private:
-  Tensor t_;
-};
-
-std::mutex g_mu;
-std::map<std::pair<int, int>, Offloader>& offloaders() {
-  static std::map<std::pair<int, int>, Offloader> m;
-  return m;
-}
-
-}  // namespace
-
-void set_offloader(Device device, Offloader offloader) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  offloaders()[{static_cast<int>(device.type), device.index}] = std::move(offloader);
-}
-
-std::unique_ptr<OffloadHandle> offload(const Tensor& t) {
-  Offloader f;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = offloaders().find({static_cast<int>(t.device().type), t.device().index});
-    if (it != offloaders().end()) f = it->second;
-  }
-  return f ? f(t) : std::make_unique<KeepHandle>(t);
 }
 
 namespace {
@@ -123,7 +85,7 @@ std::vector<Tensor> recompute(const RegionFn& fn, const std::vector<Tensor>& inp
       // out would spend copy bandwidth and free nothing.
       saved->handles.push_back(offload(t.detach()));
     } else {
-      saved->handles.push_back(std::make_unique<KeepHandle>(t.detach()));
+      saved->handles.push_back(keep_in_place(t.detach()));
     }
   }
 

@@ -1,6 +1,6 @@
 // Moving device tensors to the pinned host pool and back:
-// - the recompute offloader (installed with autograd::set_offloader for each device): right after
-//   a region's forward its saved input is copied to pinned memory on the D2H stream, ordered after
+// - the recompute offloader (kestrel/runtime/offload.h, installed for each device): right after a
+//   region's forward its saved input is copied to pinned memory on the D2H stream, ordered after
 //   the compute stream by an event; the device block is handed back to the allocator at once with
 //   record_stream(D2H), so it returns to the cache when the copy has completed and the compute stream
 //   never waits. prefetch() copies it back on the H2D stream; get() makes the compute stream wait
@@ -19,11 +19,11 @@
 #include <mutex>
 
 #include "context.h"
-#include "kestrel/autograd/recompute.h"
 #include "kestrel/runtime/cuda_check.h"
 #include "kestrel/runtime/cuda_context.h"
 #include "kestrel/runtime/cuda_memory.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/offload.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -70,7 +70,7 @@ void throttle(int device, std::shared_ptr<Event> done, int64_t bytes) {
   }
 }
 
-class CudaOffloadHandle final : public autograd::OffloadHandle {
+class CudaOffloadHandle final : public OffloadHandle {
  public:
   explicit CudaOffloadHandle(const Tensor& t) : device_(t.device().index), shape_(t.shape()), dtype_(t.dtype()) {
     DeviceGuard g(device_);
@@ -206,7 +206,7 @@ int64_t spill_for(int device, int64_t bytes_needed) {
 }
 
 void install_offloader(int device) {
-  autograd::set_offloader(Device::cuda(device), [](const Tensor& t) -> std::unique_ptr<autograd::OffloadHandle> {
+  set_offloader(Device::cuda(device), [](const Tensor& t) -> std::unique_ptr<OffloadHandle> {
     return std::make_unique<CudaOffloadHandle>(t);
   });
 }

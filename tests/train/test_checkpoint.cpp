@@ -10,9 +10,9 @@
 
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/trainer.h"
-#include "../../train/src/checkpoint_io.h"
-#include "../../train/src/checkpoint_manifest.h"
-#include "../../train/src/xxhash64.h"
+#include "train/src/checkpoint_io.h"
+#include "train/src/checkpoint_manifest.h"
+#include "train/src/xxhash64.h"
 #include "trainer_fixtures.h"
 
 namespace kestrel::train {

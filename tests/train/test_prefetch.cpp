@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include "../../train/src/batch_prefetcher.h"
+#include "train/src/batch_prefetcher.h"
 #include "kestrel/models/config.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/train_config.h"

@@ -12,7 +12,7 @@
 #include "kestrel/train/vlm_data.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/trainer.h"
-#include "../../train/src/checkpoint_io.h"
+#include "train/src/checkpoint_io.h"
 #include "trainer_fixtures.h"
 
 namespace kestrel::train {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "../../../train/src/batch_prefetcher.h"
+#include "train/src/batch_prefetcher.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "support/gpu.h"

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "kestrel/runtime/offload.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::autograd {
@@ -27,17 +28,13 @@ RecomputePolicy parse_recompute_policy(const std::string& s);
 
 using RegionFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-// Moves a saved tensor off the device and back. The default (and the CPU behaviour) keeps the
-// tensor as is; the CUDA runtime installs one that uses the pinned host pool and copy streams.
-class OffloadHandle {
- public:
-  virtual ~OffloadHandle() = default;
-  virtual void prefetch() = 0;  // start bringing it back (asynchronous)
-  virtual Tensor get() = 0;     // the tensor on its original device (waits for the copy)
-};
-using Offloader = std::function<std::unique_ptr<OffloadHandle>(const Tensor&)>;
-void set_offloader(Device device, Offloader offloader);
-std::unique_ptr<OffloadHandle> offload(const Tensor& t);
+// Saved inputs of Offload regions go through the device's offloader (kestrel/runtime/offload.h);
+// the names stay reachable here, where the recompute API is.
+using kestrel::OffloadHandle;
+using kestrel::keep_in_place;
+using kestrel::Offloader;
+using kestrel::offload;
+using kestrel::set_offloader;
 
 struct RecomputeOptions {
   RecomputePolicy policy = RecomputePolicy::Keep;
