@@ -9,12 +9,14 @@
 #include "cuda/common.cuh"
 #include "cuda/fused_linear_cross_entropy.h"
 #include "kernels/cross_entropy.h"
+#include "kestrel/ops/workspace_sizes.h"
 #include "kestrel/runtime/memory.h"
 
 namespace kestrel::cuda_ops {
 namespace {
 
-constexpr size_t kWorkspaceBound = size_t{1} << 30;
+// The forward's bound (kestrel/ops/workspace_sizes.h: the memory planner plans the same one).
+constexpr size_t kWorkspaceBound = workspace::kFusedCrossEntropyBound;
 
 cuda::FusedLinearCrossEntropyParams make_params(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                                                 const Tensor& token_weights, const kernels::CrossEntropyParams& p) {

@@ -11,6 +11,7 @@
 #include "cuda/flash_attention.h"
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
+#include "kestrel/ops/workspace_sizes.h"
 #include "kestrel/runtime/cuda_check.h"
 #include "kestrel/runtime/error.h"
 
@@ -18,25 +19,22 @@ namespace kestrel::cuda {
 namespace fa {
 namespace {
 
-constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 struct Workspace {
   float* dq_accum;  // [total_q, Hq, D]
   float* lse2;      // [Hq, total_q]
   float* delta;     // [Hq, total_q]
 };
 
+// The layout is kestrel/ops/workspace_sizes.h's, which the memory planner sizes too.
 size_t workspace_layout(const FlashAttentionParams& p, int total_q, void* base, Workspace* ws) {
-  const size_t rows = static_cast<size_t>(total_q) * p.num_heads_q;
-  const size_t b_acc = align256(rows * p.head_dim * sizeof(float));
-  const size_t b_row = align256(rows * sizeof(float));
+  const workspace::AttentionBackwardLayout l = workspace::attention_backward_layout(total_q, p.num_heads_q, p.head_dim);
   if (ws) {
     char* b = static_cast<char*>(base);
-    ws->dq_accum = reinterpret_cast<float*>(b);
-    ws->lse2 = reinterpret_cast<float*>(b + b_acc);
-    ws->delta = reinterpret_cast<float*>(b + b_acc + b_row);
+    ws->dq_accum = reinterpret_cast<float*>(b + l.dq_accum);
+    ws->lse2 = reinterpret_cast<float*>(b + l.lse2);
+    ws->delta = reinterpret_cast<float*>(b + l.delta);
   }
-  return b_acc + 2 * b_row;
+  return l.total;
 }
 
 // Kernel choice, KESTREL_FA_BWD (read on every call, for A/B runs and tests): "wgmma" (Hopper

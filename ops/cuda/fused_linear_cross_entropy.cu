@@ -1,5 +1,6 @@
-// Host side of the fused linear + cross-entropy: argument checks, chunk sizes, workspace layout and
-// the launch sequence (see fused_linear_cross_entropy.h for the algorithm and its memory).
+// Host side of the fused linear + cross-entropy: argument checks and the launch sequence (see
+// fused_linear_cross_entropy.h for the algorithm and its memory). The chunk picker and the workspace
+// layout are kestrel/ops/workspace_sizes.h, which the memory planner calls too.
 //
 // Per token chunk [t0, t0 + nc):
 //   for each vocab chunk [v0, v0 + vc):  logits = X_c W_v^T (cuBLASLt, f32 out)   -> chunk_stats
@@ -19,18 +20,6 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
-constexpr size_t kLtWorkspaceTightBytes = size_t(4) << 20;  // when 28 MiB more buys a token chunk
-constexpr int64_t kDefaultVocabChunk = 16384;
-constexpr size_t kDefaultWorkspaceBound = size_t(1) << 30;
-constexpr int64_t kTokenChunkAlign = 64;
-constexpr int64_t kMinGoodVocabChunk = 4096;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
-
-size_t store_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -41,138 +30,35 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-// Byte offsets of every buffer inside the workspace.
-struct Layout {
-  int64_t nc = 0, vc = 0, n_vchunks = 0, ld_store = 0;
-  size_t lt_bytes = 0;
-  size_t lt = 0, logits = 0, store = 0, pmax = 0, psum = 0, plsum = 0, label_logit = 0, row_coef = 0,
-         token_loss = 0, weight_sum = 0, total = 0;
-};
-
-Layout make_layout(const FusedLinearCrossEntropyParams& p, int64_t nc, int64_t vc, size_t lt_bytes) {
-  Layout l;
-  l.lt_bytes = lt_bytes;
-  l.nc = nc;
-  l.vc = vc;
-  l.n_vchunks = ceil_div(p.vocab, vc);
-  l.ld_store = round_up(p.vocab, 8);  // 16-byte aligned rows for cuBLASLt and the vector kernels
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += align256(bytes);
-    return at;
-  };
-  const size_t stats = size_t(nc) * size_t(l.n_vchunks) * 4;
-  l.lt = take(lt_bytes);
-  l.logits = take(size_t(nc) * size_t(vc) * 4);                   // [nc, vc] f32
-  l.store = p.wants_gradients() ? take(size_t(nc) * size_t(l.ld_store) * store_elem_bytes(p.dtype)) : 0;  // [nc, ld_store]
-  l.pmax = take(stats);                                           // [nc, n_vchunks]
-  l.psum = take(stats);
-  l.plsum = take(stats);
-  l.label_logit = take(size_t(nc) * 4);                           // [nc]
-  l.row_coef = take(size_t(nc) * 4 * 4);                          // [4, nc]
-  l.token_loss = take(size_t(p.tokens) * 4);                      // [N]
-  l.weight_sum = take(4);
-  l.total = off;
-  return l;
-}
-
-// Vocab chunk as asked (rounded to 8), or the default split into balanced chunks.
-int64_t vocab_chunk_for(const FusedLinearCrossEntropyParams& p, int64_t requested, bool balance) {
-  const int64_t padded_v = round_up(p.vocab, 8);
-  int64_t vc = round_up(std::min(requested, padded_v), 8);
-  if (balance) vc = round_up(ceil_div(p.vocab, ceil_div(p.vocab, vc)), 8);
-  return vc;
-}
-
-// Largest nc in [1, N] whose workspace fits (0 if none): the workspace grows with nc.
-int64_t largest_fitting_token_chunk(const FusedLinearCrossEntropyParams& p, int64_t vc, size_t lt_bytes,
-                                    size_t bound) {
-  if (make_layout(p, 1, vc, lt_bytes).total > bound) return 0;
-  int64_t lo = 1, hi = p.tokens;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (make_layout(p, mid, vc, lt_bytes).total <= bound) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-void check_shape(const FusedLinearCrossEntropyParams& p) {
-  KESTREL_CHECK(p.dtype == DType::BF16 || p.dtype == DType::F16 || p.dtype == DType::F32, kOp,
-                "dtype must be bf16, f16 or f32, got ", dtype_name(p.dtype));
-  KESTREL_CHECK(p.tokens >= 1 && p.hidden >= 1 && p.vocab >= 1, kOp, "need tokens, hidden, vocab >= 1, got N=",
-                p.tokens, " H=", p.hidden, " V=", p.vocab);
-  KESTREL_CHECK(p.token_chunk >= 0 && p.vocab_chunk >= 0, kOp, "chunk sizes must be >= 0 (0 = default)");
-}
-
-Layout resolved_layout(const FusedLinearCrossEntropyParams& p) {
-  const auto c = resolve_fused_linear_cross_entropy_chunks(p);
-  return make_layout(p, c.token_chunk, c.vocab_chunk, c.gemm_workspace_bytes);
+FusedCrossEntropyChunks to_chunks(const workspace::FusedCrossEntropyChunks& c) {
+  return {c.token_chunk, c.vocab_chunk, c.gemm_workspace_bytes};
 }
 
 }  // namespace
 
 FusedCrossEntropyChunks pick_fused_linear_cross_entropy_chunks(const FusedLinearCrossEntropyParams& p,
                                                                size_t max_workspace_bytes) {
-  check_shape(p);
-  static constexpr int64_t kCandidates[] = {16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 8};
-  // Preference: a vocab chunk of at least kMinGoodVocabChunk (or all of V) so every logits GEMM stays
-  // large, then the fewest token chunks (each costs one more f32 read-modify-write of d_weight), then the
-  // full cuBLASLt workspace. Measured at V = 250k, N = 8192 (bench/notes/fused_linear_cross_entropy.md):
-  // Vc = 4096 and Vc = 15632 run alike, Vc = 1024 loses 9%, one token chunk more costs about 5%.
-  FusedCrossEntropyChunks best;
-  int64_t best_chunks = 0;
-  bool best_small = true;
-  const size_t lt_options[2] = {p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceBytes,
-                                p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceTightBytes};
-  for (int64_t requested : kCandidates) {
-    if (p.vocab_chunk > 0) requested = p.vocab_chunk;
-    const int64_t vc = vocab_chunk_for(p, requested, p.vocab_chunk == 0);
-    const bool small = requested < kMinGoodVocabChunk && vc < round_up(p.vocab, 8);  // before balancing
-    for (size_t lt_bytes : lt_options) {
-      const int64_t nc_max = largest_fitting_token_chunk(p, vc, lt_bytes, max_workspace_bytes);
-      if (nc_max == 0) continue;
-      // As few token chunks as fit, then equal ones, rounded up to a GEMM-friendly multiple when that fits.
-      const int64_t n_chunks = ceil_div(p.tokens, nc_max);
-      const int64_t balanced = ceil_div(p.tokens, n_chunks);
-      const int64_t rounded = std::min(round_up(balanced, kTokenChunkAlign), p.tokens);
-      const int64_t nc = rounded <= nc_max ? rounded : balanced;
-      if (best_chunks == 0 || (best_small && !small) || (small == best_small && n_chunks < best_chunks)) {
-        best = {nc, vc, lt_bytes};
-        best_chunks = n_chunks;
-        best_small = small;
-      }
-    }
-    if (p.vocab_chunk > 0) break;
-  }
-  KESTREL_CHECK(best_chunks > 0, kOp, "no chunking fits a workspace of ", max_workspace_bytes, " bytes (N=",
-                p.tokens, " V=", p.vocab, "; the smallest needs ", make_layout(p, 1, 8, lt_options[1]).total, ")");
-  return best;
+  return to_chunks(workspace::pick_fused_cross_entropy_chunks(fused_ce::workspace_shape(p), max_workspace_bytes));
 }
 
 FusedCrossEntropyChunks resolve_fused_linear_cross_entropy_chunks(const FusedLinearCrossEntropyParams& p) {
-  check_shape(p);
-  const size_t lt_bytes = p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtWorkspaceBytes;
-  if (p.token_chunk > 0 && p.vocab_chunk > 0)
-    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, p.vocab_chunk, false), lt_bytes};
-  if (p.token_chunk > 0)
-    return {std::min(p.token_chunk, p.tokens), vocab_chunk_for(p, kDefaultVocabChunk, true), lt_bytes};
-  return pick_fused_linear_cross_entropy_chunks(p, kDefaultWorkspaceBound);
+  return to_chunks(workspace::resolve_fused_cross_entropy_chunks(fused_ce::workspace_shape(p)));
 }
 
 size_t fused_linear_cross_entropy_workspace_bytes(const FusedLinearCrossEntropyParams& p) {
-  return resolved_layout(p).total;
+  return workspace::resolved_fused_cross_entropy_layout(fused_ce::workspace_shape(p)).total;
 }
 
 void fused_linear_cross_entropy(const FusedLinearCrossEntropyParams& p, void* workspace, size_t workspace_bytes,
                                 cublasLtHandle_t lt, cudaStream_t stream) {
-  check_shape(p);
+  // The chunks and the buffers' offsets (kestrel/ops/workspace_sizes.h; checks the shape).
+  const workspace::FusedCrossEntropyLayout l =
+      workspace::resolved_fused_cross_entropy_layout(fused_ce::workspace_shape(p));
   KESTREL_CHECK(p.hidden_states && p.weight && p.labels && p.loss, kOp,
                 "hidden_states, weight, labels and loss must be non-null");
   KESTREL_CHECK(p.label_smoothing >= 0.0f && p.label_smoothing <= 1.0f, kOp, "label_smoothing must be in [0, 1], got ",
                 p.label_smoothing);
   KESTREL_CHECK(lt != nullptr, kOp, "cublasLt handle is null");
-  const Layout l = resolved_layout(p);
   KESTREL_CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0, kOp,
                 "workspace must be non-null and 256-byte aligned");
   KESTREL_CHECK(workspace_bytes >= l.total, kOp, "workspace of ", workspace_bytes, " bytes is too small, need ",

@@ -19,44 +19,10 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr const char* kOp = "fused_linear_cross_entropy_backward";
-constexpr size_t kLtBytes = size_t(32) << 20;
-constexpr int64_t kVocabChunk = 8192;                 // logits GEMMs of [nc, 8192]: full-machine GEMMs
-constexpr size_t kBlockBound = size_t(768) << 20;     // logits + gradient block
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-struct BackwardLayout {
-  int64_t nc = 0, vc = 0;
-  size_t lt = 0, logits = 0, grad = 0, coef = 0, weight_sum = 0, dh32 = 0, dw32 = 0, total = 0;
-  bool dh_f32_scratch = false, dw_f32_scratch = false;
-};
-
-BackwardLayout backward_layout(const FusedLinearCrossEntropyParams& p) {
-  BackwardLayout l;
-  const size_t elem = dtype_size(p.dtype);
-  const int64_t n_v = ceil_div(p.vocab, p.vocab_chunk > 0 ? p.vocab_chunk : kVocabChunk);
-  l.vc = round_up(ceil_div(p.vocab, n_v), 8);
-  const int64_t fit = std::max<int64_t>(64, static_cast<int64_t>(kBlockBound / (size_t(l.vc) * (4 + elem))) / 64 * 64);
-  l.nc = std::min(p.tokens, p.token_chunk > 0 ? p.token_chunk : fit);
-  const bool one_chunk = l.nc >= p.tokens;
-  l.dh_f32_scratch = p.d_hidden != nullptr && p.dtype != DType::F32;
-  l.dw_f32_scratch = p.d_weight != nullptr && !p.d_weight_f32 && !one_chunk;
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += align256(bytes);
-    return at;
-  };
-  l.lt = take(p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtBytes);
-  l.logits = take(size_t(l.nc) * size_t(l.vc) * 4);
-  l.grad = take(size_t(l.nc) * size_t(l.vc) * elem);
-  l.coef = take(size_t(4) * size_t(p.tokens) * 4);
-  l.weight_sum = take(4);
-  if (l.dh_f32_scratch) l.dh32 = take(size_t(p.tokens) * size_t(p.hidden) * 4);
-  if (l.dw_f32_scratch) l.dw32 = take(size_t(l.vc) * size_t(p.hidden) * 4);
-  l.total = off;
-  return l;
+// Chunks and offsets: kestrel/ops/workspace_sizes.h (the memory planner sizes the same layout).
+workspace::FusedCrossEntropyBackwardLayout backward_layout(const FusedLinearCrossEntropyParams& p) {
+  return workspace::fused_cross_entropy_backward_layout(fused_ce::workspace_shape(p));
 }
 
 cudaDataType_t cuda_type(DType t) {
@@ -80,14 +46,14 @@ void fused_linear_cross_entropy_backward(const FusedLinearCrossEntropyParams& p,
                 " V=", p.vocab);
   KESTREL_CHECK(p.hidden_states && p.weight && p.labels && lse, kOp, "hidden_states, weight, labels and lse must be non-null");
   KESTREL_CHECK(p.label_smoothing >= 0.0f && p.label_smoothing <= 1.0f, kOp, "label_smoothing must be in [0, 1]");
-  const BackwardLayout l = backward_layout(p);
+  const workspace::FusedCrossEntropyBackwardLayout l = backward_layout(p);
   KESTREL_CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0 && workspace_bytes >= l.total,
                 kOp, "workspace must be 256-byte aligned and hold ", l.total, " bytes, got ", workspace_bytes);
   if (p.tokens == 0 || (!p.d_hidden && !p.d_weight)) return;
 
   char* ws = static_cast<char*>(workspace);
   void* lt_ws = ws + l.lt;
-  const size_t lt_bytes = p.gemm_workspace_bytes ? p.gemm_workspace_bytes : kLtBytes;
+  const size_t lt_bytes = l.lt_bytes;
   float* logits = reinterpret_cast<float*>(ws + l.logits);
   void* grad = ws + l.grad;
   float* coef = reinterpret_cast<float*>(ws + l.coef);

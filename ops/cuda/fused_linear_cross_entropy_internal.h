@@ -10,8 +10,25 @@
 #include <cuda_runtime.h>
 
 #include "cuda/fused_linear_cross_entropy.h"
+#include "kestrel/ops/workspace_sizes.h"
 
 namespace kestrel::cuda::fused_ce {
+
+// What sizes the workspaces (kestrel/ops/workspace_sizes.h: the rules the memory planner uses too).
+inline workspace::FusedCrossEntropyShape workspace_shape(const FusedLinearCrossEntropyParams& p) {
+  workspace::FusedCrossEntropyShape s;
+  s.dtype = p.dtype;
+  s.tokens = p.tokens;
+  s.hidden = p.hidden;
+  s.vocab = p.vocab;
+  s.d_hidden = p.d_hidden != nullptr;
+  s.d_weight = p.d_weight != nullptr;
+  s.d_weight_f32 = p.d_weight_f32;
+  s.token_chunk = p.token_chunk;
+  s.vocab_chunk = p.vocab_chunk;
+  s.gemm_workspace_bytes = p.gemm_workspace_bytes;
+  return s;
+}
 
 // ---- cuBLASLt GEMM, column-major as cuBLASLt sees it: D[m, n] = op(A)[m, k] op(B)[k, n] (+ beta D) ----
 struct GemmDesc {

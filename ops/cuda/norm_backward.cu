@@ -22,6 +22,7 @@
 #include "cuda/column_sum.h"
 #include "cuda/row_tile.cuh"
 #include "kernels/norm.h"
+#include "kestrel/ops/workspace_sizes.h"
 #include "kestrel/runtime/memory.h"
 
 namespace kestrel::cuda_ops {
@@ -254,7 +255,8 @@ int64_t launch_norm_backward(int threads, float* pw, float* pb, const Tensor& dx
       KESTREL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, k, &cfg));
       it = cache.emplace(key, std::max(n, 1)).first;
     }
-    const int64_t cap = static_cast<int64_t>(sm_count()) * 8 / CLUSTER;  // bounds the workspace
+    // Bounds the workspace (kestrel/ops/workspace_sizes.h: the memory planner's bound too).
+    const int64_t cap = workspace::kNormBackwardMaxBlocksPerSm * sm_count() / CLUSTER;
     grid = CLUSTER * std::clamp<int64_t>(ceil_div(rows, CLUSTER), 1, std::min<int64_t>(it->second, cap));
   }
   if (!count_only) {
@@ -316,8 +318,9 @@ void norm_backward(const char* op, const Tensor& dx, const Tensor& dw, const Ten
                       go(std::false_type{});
                   } else {
                     auto* k = norm_backward_stream_kernel<T, V, LAYER>;
-                    // At most 8 blocks per SM: bounds the [G, C] workspace (memory planner: G <= 8 x SMs).
-                    const int64_t G = std::min<unsigned>(resident_grid(k, L.threads, rows), sm_count() * 8);
+                    // Bounds the [G, C] workspace (kestrel/ops/workspace_sizes.h: the planner's bound too).
+                    const int64_t G = std::min<int64_t>(resident_grid(k, L.threads, rows),
+                                                        workspace::kNormBackwardMaxBlocksPerSm * sm_count());
                     with_partials(G, [&](float* ppw, float* ppb) {
                       k<<<static_cast<unsigned>(G), L.threads, 0, s>>>(
                           ptr<T>(dx), ppw, ppb, ptr<const T>(dy), ptr<const T>(x),

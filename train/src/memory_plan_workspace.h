@@ -1,14 +1,10 @@
-// The Workspace-tag sizes of the CUDA kernels, for the memory planner (memory_plan.cpp). Each
-// function mirrors the host code that sizes the buffer, so the planner needs no CUDA build:
+// The Workspace-tag sizes of the CUDA kernels, for the memory planner (memory_plan.cpp), in CPU-only
+// builds too:
 //   - the CUDA context's cuBLASLt workspace (runtime/cuda/context.cpp: 32 MiB, live for the process);
-//   - the fused linear + cross-entropy workspace (ops/cuda/cross_entropy.cu bound 1 GiB and the
-//     chunk picker + layout of ops/cuda/fused_linear_cross_entropy.cu);
-//   - the flash attention backward workspace (ops/cuda/flash_attention_bwd_launch.cu: f32 dq
-//     accumulator + two f32 rows per (token, head));
-//   - the norm backward's f32 partial column sums (ops/cuda/norm.cu: [min(rows, 528), C] per
-//     weight or bias).
-// When one of those files changes how it sizes its buffer, change the matching function here; the
-// GPU plan-vs-profile test (tests/train/cuda/test_memory_profile_cuda.cpp) says so.
+//   - the fused linear + cross-entropy forward and backward, the flash attention backward and the
+//     norm backward: the kernels' own sizing rules (kestrel/ops/workspace_sizes.h), called with the
+//     arguments the ops pass, rounded as the caching allocator rounds a block.
+// The GPU plan-vs-profile test (tests/train/cuda/test_memory_profile_cuda.cpp) checks the whole plan.
 #pragma once
 
 #include <cstdint>
