@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The main job: set up (install missing Debian packages, configure, build) and train the bundled
-# tiny vision-language model on the embedded synthetic shapes dataset — on the GPU when there is
-# one, else on the CPU — printing the loss curve, periodic greedy captions, the held-out caption
-# accuracy, and writing a memory report. configs/quickstart_vlm.json holds one schedule per device
-# (its on_cpu / on_cuda entries: a smaller, shorter run on two CPU cores; more samples on a GPU).
+# The main job: set up (check the tools and libraries, install only what is missing, configure,
+# build) and train the bundled tiny vision-language model on the embedded synthetic shapes
+# dataset — on the GPU when there is one, else on the CPU — printing the loss curve, periodic
+# greedy captions, the held-out caption accuracy, and writing a memory report.
+# configs/quickstart_vlm.json holds one schedule per device (its on_cpu / on_cuda entries: a
+# smaller, shorter run on two CPU cores; more samples on a GPU).
 # Extra arguments go to kestrel-train (e.g. --set device=cpu to train on the CPU anyway).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup_deps.sh
-kestrel_setup_deps
+kestrel_setup_deps quickstart  # no tests or benchmarks: GoogleTest, Benchmark, pkg-config not needed
 BUILD_DIR=${KESTREL_BUILD_DIR:-build}
 kestrel_configure_and_build "$BUILD_DIR" -DKESTREL_BUILD_TESTS=OFF -DKESTREL_BUILD_BENCH=OFF
 OUT_DIR=${KESTREL_OUT_DIR:-runs/quickstart}
