@@ -89,6 +89,8 @@ void read_int_list(const json& j, const Ctx& c, const char* key, std::vector<int
   }
 }
 
+constexpr int64_t kMaxHeadDim = 65536;
+
 void check_positive(const Ctx& c, const char* key, int64_t v) {
   KESTREL_CHECK(v > 0, kComp, "'", c.source, "': field '", c.field(key), "' must be positive, got ", v);
 }
@@ -323,6 +325,10 @@ void validate_text(const TextConfig& t, const Ctx& c) {
                 t.num_attention_heads, ")");
   KESTREL_CHECK(t.head_dim % 2 == 0, kComp, "'", c.source, "': field '", c.field("head_dim"),
                 "' must be even for rotary embeddings, got ", t.head_dim);
+  // The rotary table holds head_dim / 2 frequencies: an impossible head size is an error here, not
+  // a bad_alloc when the table is built (real models use 64 to 256).
+  KESTREL_CHECK(t.head_dim <= kMaxHeadDim, kComp, "'", c.source, "': field '", c.field("head_dim"), "' is ",
+                t.head_dim, ", beyond the largest head size supported (", kMaxHeadDim, ")");
   KESTREL_CHECK(t.hidden_act == "silu", kComp, "'", c.source, "': field '", c.field("hidden_act"), "' is '",
                 t.hidden_act, "'; only 'silu' is supported");
   KESTREL_CHECK(t.model_type != "qwen2" || (!t.attention_bias && !t.mlp_bias), kComp, "'", c.source,

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "kestrel/models/config.h"
+#include "kestrel/models/json_text.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::train {
@@ -117,7 +118,9 @@ BpeTokenizer BpeTokenizer::from_file(const std::string& path) {
   return from_json(models::read_json_file(path, kComp), path);  // regular files only, errors quote no bytes
 }
 
-BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) {
+// A function-try-block: any JSON-library error left (a field of the wrong type read by value() or
+// get()) becomes an error naming the file, never a raw nlohmann exception.
+BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) try {
   KESTREL_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), kComp, "'", source,
                 "' is not an HF tokenizer.json (no \"model\" object)");
   const json& m = j["model"];
@@ -208,6 +211,8 @@ BpeTokenizer BpeTokenizer::from_json(const json& j, const std::string& source) {
   }
   t.cache_ = std::make_shared<Cache>();
   return t;
+} catch (const json::exception& e) {
+  throw make_error(kComp, "'", source, "': a field has the wrong JSON type (", models::json_error_text(e), ")");
 }
 
 int64_t BpeTokenizer::token_id(const std::string& token) const {
