@@ -10,6 +10,7 @@
 // runtime: tensors, devices, memory accounting, budgets, streams, logging, errors
 #include "kestrel/runtime/accumulate.h"
 #include "kestrel/runtime/device.h"
+#include "kestrel/runtime/device_info.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/log.h"

@@ -226,10 +226,12 @@ T* ptr(const Tensor& t) {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-// Grid for a grid-stride loop over n work items: enough blocks to fill the device, no more.
+// Streaming multiprocessors of the current device (read once per device).
+using cuda::sm_count;
+// Grid for a grid-stride loop over n work items: enough blocks to fill the device (16 per SM), no more.
 inline unsigned grid_for(int64_t n, int block) {
-  int64_t g = ceil_div(n, block);
-  return static_cast<unsigned>(g < 132 * 16 ? (g < 1 ? 1 : g) : 132 * 16);
+  const int64_t g = ceil_div(n, block), cap = int64_t{16} * sm_count();
+  return static_cast<unsigned>(g < cap ? (g < 1 ? 1 : g) : cap);
 }
 
 }  // namespace kestrel::cuda_ops

@@ -13,6 +13,7 @@
 #include "cuda/flash_attention_launch.cuh"
 #include "kestrel/ops/workspace_sizes.h"
 #include "kestrel/runtime/cuda_check.h"
+#include "kestrel/runtime/cuda_context.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {
@@ -107,7 +108,7 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   const FlashAttentionParams& p = bp.fwd;
   const int64_t rows = static_cast<int64_t>(total_q) * p.num_heads_q;
   if (rows > 0) {
-    const int blocks = static_cast<int>(std::min<int64_t>((rows + 7) / 8, 132 * 16));
+    const int blocks = static_cast<int>(std::min<int64_t>((rows + 7) / 8, int64_t{16} * sm_count()));
     bwd_preprocess_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(p.out),
                                                          static_cast<const T*>(bp.dout), p.lse, ws, total_q,
                                                          p.num_heads_q, p.head_dim);
@@ -132,7 +133,7 @@ void run_backward(const FlashAttentionBackwardParams& bp, const Workspace& ws, i
   }
   const int64_t n8 = rows * p.head_dim / 8;
   if (n8 > 0) {
-    const int blocks = static_cast<int>(std::min<int64_t>((n8 + 255) / 256, 132 * 16));
+    const int blocks = static_cast<int>(std::min<int64_t>((n8 + 255) / 256, int64_t{16} * sm_count()));
     bwd_convert_dq_kernel<T><<<blocks, 256, 0, stream>>>(ws.dq_accum, static_cast<T*>(bp.dq), n8, p.softmax_scale);
     KESTREL_CUDA_CHECK_LAUNCH();
   }

@@ -10,6 +10,7 @@
 
 #include "cuda/fused_linear_cross_entropy_internal.h"
 #include "kestrel/runtime/cuda_check.h"
+#include "kestrel/runtime/cuda_context.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {
@@ -360,7 +361,7 @@ void launch_final_loss(const float* token_loss, int64_t n, const float* weight_s
 void scale_by_device_scalar(void* data, DType dtype, size_t n, const float* scalar, cudaStream_t stream) {
   if (n == 0) return;
   const unsigned threads = 256;
-  const unsigned blocks = unsigned(std::min<size_t>((n + threads - 1) / threads, 132 * 16));
+  const unsigned blocks = unsigned(std::min<size_t>((n + threads - 1) / threads, size_t(16) * sm_count()));
   switch (dtype) {
     case DType::F32:
       fused_ce::scale_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<float*>(data), n, scalar);
@@ -404,7 +405,7 @@ void launch_grad_from_lse(const LseGradArgs& a, DType dtype, cudaStream_t stream
 
 void launch_store_f32(void* dst, DType dtype, const float* src, int64_t n, bool add, cudaStream_t stream) {
   if (n == 0) return;
-  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 132 * 16));
+  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, int64_t{16} * sm_count()));
   switch (dtype) {
     case DType::BF16: store_f32_kernel<<<grid, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), src, n, add); break;
     case DType::F16: store_f32_kernel<<<grid, 256, 0, stream>>>(static_cast<__half*>(dst), src, n, add); break;

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <utility>
 
@@ -123,19 +122,6 @@ struct BlockSum {
     return v;
   }
 };
-
-// Streaming multiprocessors of the current device (cached per device).
-inline int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  KESTREL_CUDA_CHECK(cudaGetDevice(&dev));
-  int n = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    KESTREL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 constexpr int kRowMaxThreads = 512;  // kernels declare __launch_bounds__(kRowMaxThreads)
 constexpr int kRowMaxChunks = 4;

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -129,6 +130,17 @@ int current_device() {
   int d = 0;
   KESTREL_CUDA_CHECK(cudaGetDevice(&d));
   return d;
+}
+
+int sm_count(int device) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 0) device = current_device();
+  int n = device < 64 ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    KESTREL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    if (device < 64) cached[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 cudaStream_t current_stream(int device) {

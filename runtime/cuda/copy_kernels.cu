@@ -252,7 +252,9 @@ Layout make_layout(const Tensor& dst, const Tensor* src, const char* op) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 132 * 16)); }
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, int64_t{16} * sm_count()));
+}
 
 }  // namespace
 

@@ -47,6 +47,18 @@ class CudaDeviceBackend final : public detail::DeviceBackend {
   void fill_random(const Tensor& dst, bool normal, uint64_t seed, uint64_t offset, double a, double b) override {
     launch_fill_random(dst, normal, seed, offset, a, b);
   }
+
+  DeviceInfo device_info(int index) override {
+    cudaDeviceProp prop{};
+    KESTREL_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    DeviceInfo info;
+    info.name = prop.name;
+    info.sm_count = prop.multiProcessorCount;
+    info.compute_major = prop.major;
+    info.compute_minor = prop.minor;
+    info.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
+    return info;
+  }
 };
 
 struct Registrar {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kestrel/runtime/device_info.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::detail {
@@ -26,6 +27,8 @@ class DeviceBackend {
   // Philox fills of a contiguous floating tensor on the device, identical to random.cpp's host
   // stream for the same (seed, offset): uniform in [a, b), or normal with mean a and std b.
   virtual void fill_random(const Tensor& dst, bool normal, uint64_t seed, uint64_t offset, double a, double b) = 0;
+  // Name, SM count, compute capability and memory of device `index` (device_info.cpp adds the peak).
+  virtual DeviceInfo device_info(int index) = 0;
 };
 
 void register_cuda_backend(DeviceBackend* backend);

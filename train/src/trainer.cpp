@@ -27,6 +27,7 @@
 #include "kestrel/models/file_io.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/runtime/accumulate.h"
+#include "kestrel/runtime/device_info.h"
 #include "kestrel/runtime/log.h"
 #include "kestrel/runtime/memory_budget.h"
 #if KESTREL_WITH_CUDA
@@ -382,8 +383,9 @@ TrainSummary Trainer::run() {
   auto t_run = std::chrono::steady_clock::now();
   memory_trace(I.device).reset_peaks();
   if (!I.memory_profiling) memory_trace(I.device).set_event_logging(true, 1u << 21);
-  // Peak FLOP rate for MFU: H100/H200 dense bf16 (989 TFLOP/s) on CUDA; none on the CPU.
-  const double peak_flops = I.device.is_cuda() ? 989e12 : 0.0;
+  // Peak FLOP rate for MFU: the device's dense bf16 peak (device_info.h; 0 on the CPU and on
+  // architectures without a table entry, which report MFU as n/a).
+  const double peak_flops = device_info(I.device).peak_bf16_flops;
   while (I.step < I.total_steps) {
     auto t0 = std::chrono::steady_clock::now();
     Tensor loss_t, gnorm_t;

@@ -22,6 +22,9 @@ namespace kestrel::cuda {
 
 // The device kernels run on for this thread: set by DeviceGuard, else the CUDA runtime's current.
 int current_device();
+// Streaming multiprocessors of `device` (-1: current_device()), read from the device once: grid
+// sizes come from it, never from a literal (kestrel/runtime/device_info.h describes the rest).
+int sm_count(int device = -1);
 // The stream ops on `device` launch on: the innermost StreamGuard's, else the device's compute stream.
 cudaStream_t current_stream(int device = -1);  // -1: current_device()
 cudaStream_t compute_stream(int device = -1);
