@@ -21,6 +21,7 @@
 #include "kestrel/train/image_io.h"
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/token_file.h"
+#include "kestrel/train/vlm_data.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
@@ -157,6 +158,22 @@ TEST(DataTrust, FifoAsTokenizerIsAnErrorNotAHang) {
   FifoWatch fifo(dir.file("tokenizer.json"));
   expect_has(error_of([&] { BpeTokenizer::from_file(dir.file("tokenizer.json")); }), {"tokenizer.json", "FIFO"});
   EXPECT_FALSE(fifo.reader_blocked());
+}
+
+TEST(DataTrust, FifoAsImageTextDataOrImageIsAnErrorNotAHang) {
+  TempDir dir;
+  {
+    FifoWatch fifo(dir.file("data.jsonl"));
+    expect_has(error_of([&] { ImageTextData(dir.file("data.jsonl"), 16, 4, Device::cpu(), DType::F32); }),
+               {"[image_text]", "data.jsonl", "FIFO"});
+    EXPECT_FALSE(fifo.reader_blocked());
+  }
+  FifoWatch image(dir.file("img.ppm"));
+  std::ofstream(dir.file("records.jsonl")) << json{{"image", "img.ppm"}, {"text", "a red circle"}}.dump() << "\n";
+  expect_has(error_of([&] { ImageTextData(dir.file("records.jsonl"), 16, 4, Device::cpu(), DType::F32); }),
+             {"records.jsonl:1", "img.ppm", "not a regular file"});
+  expect_has(error_of([&] { read_image(dir.file("img.ppm")); }), {"img.ppm", "FIFO"});
+  EXPECT_FALSE(image.reader_blocked());
 }
 
 TEST(DataTrust, TokenizerIdFarBeyondItsTokensIsAnErrorNotBadAlloc) {

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kestrel/models/file_io.h"
+
 namespace kestrel::train {
 
 std::vector<float> normalize_images(const std::vector<const uint8_t*>& images, int64_t S) {
@@ -87,6 +89,7 @@ ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, 
                              Device device, DType pixel_dtype)
     : image_size_(image_size), tokens_per_image_(tokens_per_image), device_(device), pixel_dtype_(pixel_dtype) {
   namespace fs = std::filesystem;
+  models::require_regular_file(jsonl_path, "image_text");  // a FIFO would block the open below
   std::ifstream f(jsonl_path);
   KESTREL_CHECK(f.good(), "image_text", "cannot open '", jsonl_path, "'");
   const fs::path dir = fs::path(jsonl_path).parent_path();
@@ -105,6 +108,8 @@ ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, 
     fs::path img = j["image"].get<std::string>();
     if (img.is_relative()) img = dir / img;
     KESTREL_CHECK(fs::exists(img), "image_text", jsonl_path, ":", n, ": image '", img.string(), "' does not exist");
+    KESTREL_CHECK(fs::is_regular_file(img), "image_text", jsonl_path, ":", n, ": image '", img.string(),
+                  "' is not a regular file (a folder, FIFO or device)");
     records_.push_back({img.string(), j["text"].get<std::string>()});
   }
   KESTREL_CHECK(!records_.empty(), "image_text", "'", jsonl_path, "' holds no records");
