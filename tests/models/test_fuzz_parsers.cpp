@@ -17,6 +17,7 @@
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::models;
+using kestrel::testing::fuzz_iterations;
 using kestrel::testing::mutate_bytes;
 using kestrel::testing::mutate_json;
 using kestrel::testing::parses_or_kestrel_error;
@@ -81,11 +82,11 @@ TEST(FuzzParsers, SafetensorsHeader) {
   const json header_json = json::parse(header);
   const std::string path = (t.path / "f.safetensors").string();
   int ok = 0;
-  for (int i = 0; i < 700; ++i) {  // structural: the header as JSON
+  for (int i = 0; i < fuzz_iterations(700); ++i) {  // structural: the header as JSON
     write_bytes(path, with_header(mutate_json(header_json, rng).dump(), data));
     ok += parses_or_kestrel_error([&] { open_and_touch(path); }, "header mutant " + std::to_string(i));
   }
-  for (int i = 0; i < 700; ++i) {  // bytes: header and length word together
+  for (int i = 0; i < fuzz_iterations(700); ++i) {  // bytes: header and length word together
     write_bytes(path, mutate_bytes(file.substr(0, 8 + n + 8), rng) + file.substr(8 + n + 8));
     ok += parses_or_kestrel_error([&] { open_and_touch(path); }, "byte mutant " + std::to_string(i));
   }
@@ -104,11 +105,11 @@ TEST(FuzzParsers, ShardedIndex) {
   const std::string text = read_bytes(index);
   const json j = json::parse(text);
   int ok = 0;
-  for (int i = 0; i < 700; ++i) {
+  for (int i = 0; i < fuzz_iterations(700); ++i) {
     write_bytes(index, mutate_json(j, rng).dump());
     ok += parses_or_kestrel_error([&] { open_and_touch(t.path.string()); }, "index mutant " + std::to_string(i));
   }
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < fuzz_iterations(1000); ++i) {
     write_bytes(index, mutate_bytes(text, rng));
     ok += parses_or_kestrel_error([&] { open_and_touch(t.path.string()); }, "index byte mutant " + std::to_string(i));
   }
@@ -125,7 +126,7 @@ TEST(FuzzParsers, ConfigJson) {
     if (!fs::exists(cfg)) continue;
     const std::string text = read_bytes(cfg);
     const json j = json::parse(text);
-    for (int i = 0; i < 600; ++i) {
+    for (int i = 0; i < fuzz_iterations(600); ++i) {
       const json m = mutate_json(j, rng);
       ok += parses_or_kestrel_error(
           [&] {
@@ -136,7 +137,7 @@ TEST(FuzzParsers, ConfigJson) {
           std::string(name) + " mutant " + std::to_string(i) + ": " + m.dump());
     }
     const fs::path path = t.path / "config.json";
-    for (int i = 0; i < 300; ++i) {
+    for (int i = 0; i < fuzz_iterations(300); ++i) {
       write_bytes(path, mutate_bytes(text, rng));
       ok += parses_or_kestrel_error([&] { TextConfig::from_file(path.string()); },
                                     std::string(name) + " byte mutant " + std::to_string(i));
@@ -146,7 +147,7 @@ TEST(FuzzParsers, ConfigJson) {
   const fs::path quick = fs::path(__FILE__).parent_path() / ".." / ".." / "configs" / "quickstart_vlm.json";
   if (fs::exists(quick)) {
     const json vlm = json::parse(read_bytes(quick))["model"]["config"];
-    for (int i = 0; i < 800; ++i) {
+    for (int i = 0; i < fuzz_iterations(800); ++i) {
       const json m = mutate_json(vlm, rng);
       ok += parses_or_kestrel_error([&] { (void)VlmConfig::from_json(m, "vlm.json").to_json(); },
                                     "vlm mutant " + std::to_string(i) + ": " + m.dump());

@@ -2,12 +2,15 @@
 // valid file and structural edits of a valid JSON document. Tests run a few thousand mutants of
 // each input and require every failure to be a kestrel::Error: never a crash, a hang, a raw
 // library exception (nlohmann type_error / out_of_range, std::invalid_argument) or bad_alloc.
-// Deterministic (a fixed seed per test), header-only.
+// Deterministic (a fixed seed per test), header-only. CI runs the default counts (well under a
+// second of CPU per binary); KESTREL_FUZZ_SCALE=N multiplies them for a longer local run.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -17,6 +20,13 @@
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::testing {
+
+// `n` mutants, times KESTREL_FUZZ_SCALE when set (a positive integer).
+inline int fuzz_iterations(int n) {
+  const char* s = std::getenv("KESTREL_FUZZ_SCALE");
+  const long scale = s != nullptr ? std::strtol(s, nullptr, 10) : 1;
+  return scale > 1 ? static_cast<int>(std::min<long>(scale, 100000) * n) : n;
+}
 
 // Values that break parsers: wrong types, signs, sizes, precision, empty containers.
 inline nlohmann::json hostile_json_value(std::mt19937_64& rng) {

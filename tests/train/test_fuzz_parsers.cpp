@@ -19,6 +19,7 @@
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::train;
+using kestrel::testing::fuzz_iterations;
 using kestrel::testing::mutate_bytes;
 using kestrel::testing::mutate_json;
 using kestrel::testing::parses_or_kestrel_error;
@@ -61,7 +62,7 @@ TEST(FuzzParsers, TokenFileHeader) {
     write_token_file(path.string(), toks, fmt);
     const std::string file = read_bytes(path);
     static const int32_t words[] = {0, 1, -1, 7, 20240520, 20240801, 300, 301, 299, INT32_MAX, INT32_MIN, 150, 600};
-    for (int i = 0; i < 1000; ++i) {
+    for (int i = 0; i < fuzz_iterations(1000); ++i) {
       std::string m;
       if (i % 2 == 0) {  // header words: magic, version, count set to boundary values
         m = file;
@@ -93,7 +94,7 @@ TEST(FuzzParsers, TrainerConfig) {
     const fs::path p = root / "configs" / name;
     if (!fs::exists(p)) continue;
     const json j = json::parse(read_bytes(p));
-    for (int i = 0; i < 1000; ++i) {
+    for (int i = 0; i < fuzz_iterations(1000); ++i) {
       const json m = mutate_json(j, rng);
       ok += parses_or_kestrel_error([&] { (void)resolve_train_config(m, name); },
                                     std::string(name) + " mutant " + std::to_string(i) + ": " + m.dump());
@@ -115,7 +116,7 @@ TEST(FuzzParsers, TokenizerJson) {
       {"model",
        {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "l l", "he ll", "hell o", "Ġ w"}}, {"unk_token", "h"}}}};
   int ok = 0;
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < fuzz_iterations(1000); ++i) {
     const json m = mutate_json(tok, rng);
     ok += parses_or_kestrel_error(
         [&] {
@@ -126,7 +127,7 @@ TEST(FuzzParsers, TokenizerJson) {
   }
   const fs::path path = t.path / "tokenizer.json";
   const std::string text = tok.dump();
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < fuzz_iterations(500); ++i) {
     write_bytes(path, mutate_bytes(text, rng));
     ok += parses_or_kestrel_error([&] { (void)BpeTokenizer::from_file(path.string()); },
                                   "tokenizer byte mutant " + std::to_string(i));
