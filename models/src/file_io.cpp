@@ -1,4 +1,5 @@
-// Read-only memory maps and atomic (temp + fsync + rename + fsync folder) file writes.
+// Read-only memory maps and atomic (temp + fsync + rename + fsync folder) file writes, and the
+// checks that keep readers on regular files inside the folder that named them.
 #include "kestrel/models/file_io.h"
 
 #include <fcntl.h>
@@ -23,7 +24,6 @@ std::string parent_dir(const std::string& path) {
   auto parent = p.parent_path();
   return parent.empty() ? std::string(".") : parent.string();
 }
-
 
 // "a FIFO", "a folder", ...: what a path that is not a regular file names.
 const char* file_kind(mode_t mode) {
