@@ -11,6 +11,11 @@
 #   all    : small + second
 #   acc8   : tests + the 9B inside 40 GiB at accumulation 8 (NS_STEPS8 steps), with its plan
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
+# Building BIN on the device (about 45 s on its 16 cores), from the repository root:
+#   cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_BUILD_TESTS=ON &&
+#   cmake --build /tmp/b -j16 --target kestrel kestrel-train kestrel-mem test_train test_train_cuda test_runtime \
+#     test_ops_cuda && mkdir -p /tmp/c && cp /tmp/b/libkestrel.so /tmp/b/kestrel-train /tmp/b/kestrel-mem \
+#     /tmp/b/tests/test_* /tmp/c/ && NS_STEPS8=4 bash tools/gpu-north-star.sh /tmp/c acc8
 set -u
 cd "$(dirname "$0")/.."
 B=$(realpath "${1:-.carry}")
