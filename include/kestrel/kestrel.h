@@ -53,6 +53,7 @@
 
 // train: optimizer, schedule, run configuration and the in-process trainer loop
 #include "kestrel/train/optimizer.h"
+#include "kestrel/train/run_config.h"
 #include "kestrel/train/schedule.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"

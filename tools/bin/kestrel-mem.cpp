@@ -19,6 +19,7 @@
 #include "kestrel/runtime/parse_number.h"
 #include "kestrel/train/memory_plan.h"
 #include "kestrel/train/memory_profile.h"
+#include "kestrel/train/run_config.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 
@@ -46,9 +47,7 @@ json load_config(const Args& a) {
   for (const std::string& s : a.sets) train::apply_override(cfg, s);
   // The device's on_cpu / on_cuda settings as kestrel-train applies them (then --set again), so the
   // plan and the profile describe the run that trains.
-  const std::string dev = cfg["device"];
-  const bool on_cuda = dev == "auto" ? cuda_available() : parse_device(dev).is_cuda();
-  train::apply_device_overrides(cfg, on_cuda, a.sets);
+  train::apply_device_overrides(cfg, train::RunConfig::resolve_device(cfg).is_cuda(), a.sets);
   return cfg;
 }
 
@@ -64,9 +63,8 @@ int profile(const Args& a) {
   train::MemoryPlan plan = train::plan_memory(cfg, po);
 
   // The log starts before the model exists, so parameters and optimizer state carry their names.
-  Device dev = Device::cpu();
-  std::string d = cfg["device"];
-  dev = d == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(d);
+  const train::RunConfig run = train::RunConfig::resolve(cfg);
+  const Device dev = run.device;
   MemoryTrace& trace = memory_trace(dev);
   trace.clear_events();
   MemorySnapshot start = trace.snapshot();
@@ -87,8 +85,7 @@ int profile(const Args& a) {
   trace.set_event_logging(false);
   popt.budget = memory_budget(dev);
   // On the CPU the trainer does not enforce a budget; the requested one is still drawn for reference.
-  if (popt.budget == 0 && !cfg["memory_budget"].get<std::string>().empty())
-    popt.budget = parse_bytes(cfg["memory_budget"].get<std::string>());
+  if (popt.budget == 0) popt.budget = run.memory_budget_bytes;
   train::MemoryProfile p = train::analyze_memory(trace.events(), start, trace.snapshot(), popt);
   p.meta = {{"config", a.config},          {"steps", a.steps},
             {"precision", plan.precision}, {"recompute", plan.recompute},

@@ -18,6 +18,7 @@
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/tokenize_text.h"
 #include "kestrel/train/tokenizer.h"
+#include "kestrel/train/run_config.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 
@@ -148,8 +149,7 @@ int main(int argc, char** argv) {
     for (const std::string& s : sets) train::apply_override(cfg, s);
     {
       // The device's on_cpu / on_cuda settings, then --set again (the command line wins).
-      const std::string dev = cfg["device"];
-      const bool on_cuda = dev == "auto" ? cuda_available() : parse_device(dev).is_cuda();
+      const bool on_cuda = train::RunConfig::resolve_device(cfg).is_cuda();
       for (const std::string& o : train::apply_device_overrides(cfg, on_cuda, sets))
         if (!print_config) std::printf("%s: %s\n", on_cuda ? "on_cuda" : "on_cpu", o.c_str());
     }
@@ -159,8 +159,7 @@ int main(int argc, char** argv) {
     }
     // Building the model and resuming can run out of the budget too: log their allocations so the
     // report of such a failure has the same files as one inside a step.
-    const std::string dev_name = cfg["device"];
-    const Device dev = dev_name == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev_name);
+    const Device dev = train::RunConfig::resolve(cfg).device;
     MemoryTrace& trace = memory_trace(dev);
     trace.clear_events();
     const MemorySnapshot start = trace.snapshot();

@@ -13,6 +13,7 @@
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/train/run_config.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
 #include "memory_plan_workspace.h"
@@ -347,18 +348,17 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
                                          : models::TextConfig::from_file(config_path);
     mc.vision_config.num_hidden_layers = 0;
   }
-  std::string dev = cfg["device"];
-  const bool on_cuda = dev == "auto" ? cuda_available() : dev.rfind("cuda", 0) == 0;
-  std::string prec = cfg["precision"];
-  DType dtype = prec == "auto" ? (on_cuda ? DType::BF16 : DType::F32) : parse_dtype(prec);
-  RecomputePolicy policy = autograd::parse_recompute_policy(cfg["recompute"]);
+  const RunConfig run = RunConfig::resolve(cfg);
+  const bool on_cuda = run.on_cuda();
+  const DType dtype = run.dtype;
+  const RecomputePolicy policy = run.recompute;
   const json& tr = cfg["train"];
   const int64_t B = tr["batch_size"];
   plan.device = on_cuda ? "cuda" : "cpu";
   plan.precision = std::string(dtype_name(dtype));
   plan.recompute = autograd::policy_name(policy);
   plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{560} << 20 : 0);
-  if (std::string budget = cfg["memory_budget"]; !budget.empty()) plan.budget = parse_bytes(budget);
+  plan.budget = run.memory_budget_bytes;
 
   // Tokens: the largest micro-batch of the planned steps (captions vary in length).
   Shapes s;

@@ -35,9 +35,9 @@
 #endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
-#include "kestrel/runtime/parse_number.h"
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
+#include "kestrel/train/run_config.h"
 #include "kestrel/train/schedule.h"
 #include "kestrel/train/train_config.h"
 
@@ -82,27 +82,21 @@ struct Trainer::Impl {
   };
 
   explicit Impl(const json& c) : cfg(c) {
-    std::string dev = cfg["device"];
-    device = dev == "auto" ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(dev);
+    const RunConfig run = RunConfig::resolve(cfg);
+    device = run.device;
+    dtype = run.dtype;
+    policy = run.recompute;
     if (device.is_cuda())
       KESTREL_CHECK(cuda_available(), "train", "device ", device.str(), " requested but no CUDA device is available");
     // on_cpu / on_cuda are applied by whoever resolves the config (kestrel-train, before its --set);
     // here they are only reported, so a config means the same run to the trainer and the planner.
     for (const char* k : {"on_cpu", "on_cuda"})
       if (!cfg[k].empty()) device_overrides.push_back(std::string(k) + " " + cfg[k].dump());
-    std::string prec = cfg["precision"];
-    dtype = prec == "auto" ? (device.is_cuda() ? DType::BF16 : DType::F32) : parse_dtype(prec);
-    KESTREL_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "train",
-                  "precision must be auto, f32, bf16 or f16, got '", prec, "'");
-    policy = autograd::parse_recompute_policy(cfg["recompute"]);
     out_dir = cfg["out_dir"];
-    if (std::string budget = cfg["memory_budget"]; !budget.empty()) {
-      const int64_t bytes = parse_size(budget, "memory_budget", 0, std::numeric_limits<int64_t>::max(), "train");
-      if (device.is_cuda())
-        set_memory_budget(device, bytes);
-      else
-        log("memory_budget " + budget + " applies to CUDA devices; ignored on the CPU");
-    }
+    if (run.budget_applies())
+      set_memory_budget(device, run.memory_budget_bytes);
+    else if (run.has_budget())
+      log("memory_budget " + run.memory_budget + " applies to CUDA devices; ignored on the CPU");
 #if KESTREL_WITH_CUDA
     if (device.is_cuda() && policy == autograd::RecomputePolicy::Offload) cuda::install_offloader(device.index);
 #endif

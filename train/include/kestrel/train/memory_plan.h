@@ -53,8 +53,8 @@ struct PlanOptions {
   int64_t external_bytes = -1; // -1: 0 on the CPU, 560 MiB on CUDA (measured 530 MiB on an H200)
 };
 
-// `config` is a resolved trainer config (resolve_train_config); the budget comes from its
-// memory_budget ("" = none).
+// `config` is a resolved trainer config (resolve_train_config); the device, precision, recompute
+// policy and budget are read as the Trainer reads them (RunConfig::resolve, run_config.h).
 MemoryPlan plan_memory(const nlohmann::json& config, const PlanOptions& options = {});
 
 }  // namespace kestrel::train

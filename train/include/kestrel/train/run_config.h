@@ -1,0 +1,40 @@
+// The run's typed settings: device, precision, recompute policy and memory budget, read once from
+// a config that resolve_train_config checked (train_config.h). kestrel-train, kestrel-mem, the
+// Trainer and the memory planner all take them from here, so "auto" means one thing everywhere:
+//   device "auto"    -> cuda:0 when a CUDA device is available, else the CPU;
+//   precision "auto" -> bf16 on CUDA, f32 on the CPU (explicit: f32, bf16 or f16 and their aliases);
+//   memory_budget    -> bytes as parse_size reads them ("" = none); it is enforced on CUDA devices
+//                       only (the Trainer pushes it into the runtime), reported on the CPU.
+// Resolving never touches a device beyond asking whether one exists: an explicit "cuda:N" resolves
+// on a machine without a GPU (the planner plans for it); the Trainer checks that it is there.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kestrel/autograd/recompute.h"
+#include "kestrel/runtime/device.h"
+#include "kestrel/runtime/dtype.h"
+
+namespace kestrel::train {
+
+struct RunConfig {
+  Device device = Device::cpu();                                           // "device"
+  DType dtype = DType::F32;                                                // "precision"
+  autograd::RecomputePolicy recompute = autograd::RecomputePolicy::None;  // "recompute"
+  std::string memory_budget;          // "memory_budget" as written ("" = none), for messages
+  int64_t memory_budget_bytes = 0;    // its value; 0 when none
+
+  bool on_cuda() const { return device.is_cuda(); }
+  bool has_budget() const { return !memory_budget.empty(); }
+  // Whether the budget is enforced: one was given and the run is on a CUDA device.
+  bool budget_applies() const { return has_budget() && device.is_cuda(); }
+
+  // Reads the four keys; errors name the key and the value.
+  static RunConfig resolve(const nlohmann::json& cfg);
+  // The device alone, for choosing the on_cpu / on_cuda overrides before the rest is final.
+  static Device resolve_device(const nlohmann::json& cfg);
+};
+
+}  // namespace kestrel::train

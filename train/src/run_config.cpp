@@ -1,0 +1,42 @@
+// RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget
+// strings into typed values (run_config.h states the rules).
+#include "kestrel/train/run_config.h"
+
+#include <limits>
+
+#include "kestrel/runtime/error.h"
+#include "kestrel/runtime/parse_number.h"
+
+namespace kestrel::train {
+
+Device RunConfig::resolve_device(const nlohmann::json& cfg) {
+  const std::string dev = cfg["device"];
+  if (dev == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
+  return parse_device(dev);
+}
+
+RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
+  RunConfig r;
+  r.device = resolve_device(cfg);
+  const std::string prec = cfg["precision"];
+  if (prec == "auto") {
+    r.dtype = r.device.is_cuda() ? DType::BF16 : DType::F32;
+  } else {
+    bool ok = true;
+    try {
+      r.dtype = parse_dtype(prec);
+    } catch (const Error&) {
+      ok = false;
+    }
+    ok = ok && (r.dtype == DType::F32 || r.dtype == DType::BF16 || r.dtype == DType::F16);
+    KESTREL_CHECK(ok, "train", "precision must be auto, f32, bf16 or f16, got '", prec, "'");
+  }
+  r.recompute = autograd::parse_recompute_policy(cfg["recompute"]);
+  r.memory_budget = cfg["memory_budget"];
+  if (!r.memory_budget.empty())
+    r.memory_budget_bytes =
+        parse_size(r.memory_budget, "memory_budget", 0, std::numeric_limits<int64_t>::max(), "train");
+  return r;
+}
+
+}  // namespace kestrel::train
