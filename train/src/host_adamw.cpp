@@ -72,6 +72,48 @@ void update_generic(float* master, float* m, float* v, const void* grad, DType g
   }
 }
 
+// bf16 moments: the element update of KESTREL_ADAMW_ELEMENT on the widened stored moments.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void update_bf16_state(float* __restrict master, uint16_t* __restrict m, uint16_t* __restrict v,
+                       const uint16_t* __restrict g, uint16_t* __restrict out, int64_t n, HostAdamWConstants c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = load_bf16(g, i);
+    float pi = master[i] * c.decay;
+    const float mi = c.b1 * load_bf16(m, i) + c.one_minus_b1 * gi;
+    const float vi = c.b2 * load_bf16(v, i) + c.one_minus_b2 * gi * gi;
+    pi = pi - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
+    master[i] = pi;
+    m[i] = to_bf16(mi);
+    v[i] = to_bf16(vi);
+    out[i] = to_bf16(pi);
+  }
+}
+
+void update_bf16_state_generic(float* master, uint16_t* m, uint16_t* v, const void* grad, DType gt, void* out,
+                               DType ot, int64_t n, const HostAdamWConstants& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    float gi;
+    switch (gt) {
+      case DType::BF16: gi = load_bf16(static_cast<const uint16_t*>(grad), i); break;
+      case DType::F16: gi = f16_bits_to_float(static_cast<const uint16_t*>(grad)[i]); break;
+      default: gi = static_cast<const float*>(grad)[i]; break;
+    }
+    float pi = master[i] * c.decay;
+    const float mi = c.b1 * load_bf16(m, i) + c.one_minus_b1 * gi;
+    const float vi = c.b2 * load_bf16(v, i) + c.one_minus_b2 * gi * gi;
+    pi = pi - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
+    master[i] = pi;
+    m[i] = to_bf16(mi);
+    v[i] = to_bf16(vi);
+    if (out == nullptr) continue;
+    switch (ot) {
+      case DType::BF16: static_cast<uint16_t*>(out)[i] = to_bf16(pi); break;
+      case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_f16_bits(pi); break;
+      default: static_cast<float*>(out)[i] = pi; break;
+    }
+  }
+}
+
 #undef KESTREL_ADAMW_ELEMENT
 
 }  // namespace
@@ -92,12 +134,25 @@ HostAdamWConstants HostAdamWConstants::make(const AdamWOptions& o, int64_t step)
   return c;
 }
 
-void host_adamw_update(float* master, float* m, float* v, const void* grad, DType grad_dtype, void* out,
-                       DType out_dtype, int64_t n, const HostAdamWConstants& c) {
+void host_adamw_update(float* master, void* mv, void* vv, DType state_dtype, const void* grad, DType grad_dtype,
+                       void* out, DType out_dtype, int64_t n, const HostAdamWConstants& c) {
   KESTREL_CHECK(grad_dtype == DType::F32 || grad_dtype == DType::BF16 || grad_dtype == DType::F16, "adamw-host",
                 "gradients must be f32, bf16 or f16, got ", dtype_name(grad_dtype));
   KESTREL_CHECK(out == nullptr || out_dtype == DType::F32 || out_dtype == DType::BF16 || out_dtype == DType::F16,
                 "adamw-host", "parameter copies must be f32, bf16 or f16, got ", dtype_name(out_dtype));
+  KESTREL_CHECK(state_dtype == DType::F32 || state_dtype == DType::BF16, "adamw-host",
+                "moments must be f32 or bf16, got ", dtype_name(state_dtype));
+  if (state_dtype == DType::BF16) {
+    auto* m = static_cast<uint16_t*>(mv);
+    auto* v = static_cast<uint16_t*>(vv);
+    if (grad_dtype == DType::BF16 && out != nullptr && out_dtype == DType::BF16)
+      update_bf16_state(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
+    else
+      update_bf16_state_generic(master, m, v, grad, grad_dtype, out, out_dtype, n, c);
+    return;
+  }
+  auto* m = static_cast<float*>(mv);
+  auto* v = static_cast<float*>(vv);
   if (grad_dtype == DType::BF16 && out != nullptr && out_dtype == DType::BF16)
     update_bf16_to_bf16(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
   else if (grad_dtype == DType::F32 && (out == nullptr || out_dtype == DType::F32))

@@ -21,9 +21,11 @@ struct HostAdamWConstants {
 };
 
 // Updates master/m/v[0, n) in place from grad[0, n) (f32, bf16 or f16) and writes the new values to
-// out[0, n) as `out_dtype` (bf16, f16 or f32; nullptr: no copy). Single-threaded: callers split the
-// range across threads.
-void host_adamw_update(float* master, float* m, float* v, const void* grad, DType grad_dtype, void* out,
-                       DType out_dtype, int64_t n, const HostAdamWConstants& c);
+// out[0, n) as `out_dtype` (bf16, f16 or f32; nullptr: no copy). The moments m and v are stored as
+// `state_dtype`: f32 (exact: bit-identical to the device AdamW), or bf16 (optimizer.state_dtype "bf16":
+// the same f32 arithmetic on the stored values, each new moment rounded to nearest even once; not
+// exact, 8 instead of 12 bytes per parameter). Single-threaded: callers split the range across threads.
+void host_adamw_update(float* master, void* m, void* v, DType state_dtype, const void* grad, DType grad_dtype,
+                       void* out, DType out_dtype, int64_t n, const HostAdamWConstants& c);
 
 }  // namespace kestrel::train

@@ -13,6 +13,7 @@
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/train/optimizer.h"
 #include "kestrel/train/run_config.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
@@ -415,12 +416,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // the device; with optimizer.offload "host" (CUDA) master + moments live in host memory instead and
   // the device holds nothing of it; the host also pins 2 x staging_slots x staging_slot_mib.
   plan.optimizer_offload = cfg["optimizer"]["offload"].get<std::string>();
+  // f32 master + two moments of optimizer.state_dtype (f32 or bf16) per parameter.
+  const int64_t host_state_per_param =
+      4 + 2 * static_cast<int64_t>(dtype_size(parse_optimizer_state_dtype(cfg["optimizer"]["state_dtype"])));
   if (plan.optimizer_offload == "host" && on_cuda) {
-    plan.host_optimizer_state = plan.parameters * 12;
+    plan.host_optimizer_state = plan.parameters * host_state_per_param;
     plan.host_pinned = 2 * cfg["optimizer"]["staging_slots"].get<int64_t>() *
                        (cfg["optimizer"]["staging_slot_mib"].get<int64_t>() << 20);
   } else if (plan.optimizer_offload == "host") {
-    L.alloc(MemoryTag::OptimizerState, plan.parameters * 12);  // CPU parameters: the state is host memory anyway
+    L.alloc(MemoryTag::OptimizerState, plan.parameters * host_state_per_param);  // CPU parameters: host memory anyway
   } else {
     L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
   }

@@ -42,11 +42,12 @@ void prepare_host_block(const Tensor& t) {
   if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
 }
 
-Tensor host_zeros(const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, Device::cpu());
+Tensor host_zeros(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, Device::cpu());
   prepare_host_block(t);
-  float* d = t.data<float>();
-  parallel_for(0, t.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { std::fill(d + b, d + e, 0.0f); });
+  auto* d = static_cast<char*>(t.data_ptr());
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
+  parallel_for(0, t.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { std::fill(d + b * es, d + e * es, char{0}); });
   return t;
 }
 
@@ -61,13 +62,25 @@ OptimizerOffload parse_optimizer_offload(const std::string& s) {
 
 const char* optimizer_offload_name(OptimizerOffload o) { return o == OptimizerOffload::Host ? "host" : "none"; }
 
-int64_t AdamW::host_state_bytes_for(const models::ParameterList& params) {
-  return params.numel() * 3 * static_cast<int64_t>(sizeof(float));
+DType parse_optimizer_state_dtype(const std::string& s) {
+  if (s == "f32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  throw make_error("optimizer", "optimizer.state_dtype must be \"f32\" (exact AdamW moments) or \"bf16\" (moments "
+                   "stored in bf16 on the host, with optimizer.offload=host), got \"", s, "\"");
+}
+
+int64_t AdamW::host_state_bytes_for(const models::ParameterList& params, DType state_dtype) {
+  return params.numel() * (4 + 2 * static_cast<int64_t>(dtype_size(state_dtype)));
 }
 
 AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, OptimizerPlacement placement)
     : options_(options), placement_(placement) {
   TagScope tag(MemoryTag::OptimizerState);
+  KESTREL_CHECK(placement_.state_dtype == DType::F32 || placement_.state_dtype == DType::BF16, "optimizer",
+                "the moments' dtype must be f32 or bf16, got ", dtype_name(placement_.state_dtype));
+  KESTREL_CHECK(placement_.state_dtype == DType::F32 || placement_.offload == OptimizerOffload::Host, "optimizer",
+                "optimizer.state_dtype \"bf16\" is implemented for the host-offloaded state only: set "
+                "optimizer.offload=\"host\" or keep state_dtype \"f32\"");
   if (placement_.offload == OptimizerOffload::None) {
     for (auto& [name, p] : params.items()) {
       Slot s{name, p, Tensor(), Tensor(), Tensor()};
@@ -80,14 +93,20 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
     return;
   }
   // Host offload: check that the host can hold the state before taking any of it.
-  const int64_t need = host_state_bytes_for(params), avail = host_memory_available();
+  const DType sd = placement_.state_dtype;
+  const int64_t need = host_state_bytes_for(params, sd), avail = host_memory_available();
   if (avail >= 0 && need > avail) {
+    const int64_t master = params.numel() * 4, moment = params.numel() * static_cast<int64_t>(dtype_size(sd));
     std::ostringstream os;
     os << "optimizer.offload=host needs " << format_bytes(need) << " of host memory for the AdamW state of "
-       << params.numel() << " parameters (f32 master " << format_bytes(need / 3) << ", exp_avg "
-       << format_bytes(need / 3) << ", exp_avg_sq " << format_bytes(need / 3) << ") but the host has "
-       << format_bytes(avail) << " available (MemAvailable). Free host memory, use a machine with more, train a "
-       << "smaller model, or keep the state on the device (optimizer.offload=none) if the device budget allows it.";
+       << params.numel() << " parameters (f32 master " << format_bytes(master) << ", exp_avg " << format_bytes(moment)
+       << ", exp_avg_sq " << format_bytes(moment) << " in " << dtype_name(sd) << ") but the host has "
+       << format_bytes(avail) << " available (MemAvailable). Free host memory, use a machine with more, "
+       << (sd == DType::F32 ? "store the moments in bf16 (optimizer.state_dtype=bf16: 8 instead of 12 bytes per "
+                              "parameter, not bit-exact), "
+                            : "")
+       << "train a smaller model, or keep the state on the device (optimizer.offload=none) if the device budget "
+          "allows it.";
     throw make_error("optimizer", os.str());
   }
   Device dev;
@@ -105,8 +124,8 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
       const float* f = src.data<float>();
       parallel_for(0, src.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { std::copy(f + b, f + e, d + b); });
     }
-    s.m = host_zeros(p->shape());
-    s.v = host_zeros(p->shape());
+    s.m = host_zeros(p->shape(), sd);
+    s.v = host_zeros(p->shape(), sd);
     slots_.push_back(std::move(s));
   }
   if (!slots_.empty()) staging_ = Staging::create(dev, placement_);
@@ -164,11 +183,13 @@ void AdamW::step_offloaded(double lr) {
   staging_->run(chunks, [&](size_t k, const void* hg, void* hout) {
     const Piece& pc = pieces[k];
     const int64_t gsz = static_cast<int64_t>(dtype_size(pc.gt)), psz = static_cast<int64_t>(dtype_size(pc.pt));
+    const DType sd = placement_.state_dtype;
+    const int64_t ssz = static_cast<int64_t>(dtype_size(sd));
     float* master = pc.slot->master.data<float>() + pc.offset;
-    float* m = pc.slot->m.data<float>() + pc.offset;
-    float* v = pc.slot->v.data<float>() + pc.offset;
+    char* m = static_cast<char*>(pc.slot->m.data_ptr()) + pc.offset * ssz;
+    char* v = static_cast<char*>(pc.slot->v.data_ptr()) + pc.offset * ssz;
     parallel_for(0, pc.n, kUpdateGrain, [&](int64_t b, int64_t e) {
-      host_adamw_update(master + b, m + b, v + b, static_cast<const char*>(hg) + b * gsz, pc.gt,
+      host_adamw_update(master + b, m + b * ssz, v + b * ssz, sd, static_cast<const char*>(hg) + b * gsz, pc.gt,
                         static_cast<char*>(hout) + b * psz, pc.pt, e - b, c);
     });
   }, stats_);

@@ -39,7 +39,7 @@ json default_train_config() {
         {"grad_clip", 1.0},
         {"nonfinite", "stop"},
         {"seed", 1234}}},
-      {"optimizer", {{"offload", "none"}, {"staging_slot_mib", 64}, {"staging_slots", 4}}},
+      {"optimizer", {{"offload", "none"}, {"state_dtype", "f32"}, {"staging_slot_mib", 64}, {"staging_slots", 4}}},
       {"device", "auto"},
       {"precision", "auto"},
       {"recompute", "none"},

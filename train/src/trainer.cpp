@@ -126,6 +126,7 @@ struct Trainer::Impl {
     const json& oc = cfg["optimizer"];
     OptimizerPlacement placement;
     placement.offload = parse_optimizer_offload(oc["offload"]);
+    placement.state_dtype = parse_optimizer_state_dtype(oc["state_dtype"]);
     const int64_t slot_mib = oc["staging_slot_mib"], slots = oc["staging_slots"];
     KESTREL_CHECK(slot_mib >= 1 && slot_mib <= 4096, "train", "optimizer.staging_slot_mib must lie in [1, 4096], got ", slot_mib);
     KESTREL_CHECK(slots >= 2 && slots <= 64, "train", "optimizer.staging_slots must lie in [2, 64], got ", slots);

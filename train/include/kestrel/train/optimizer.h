@@ -26,10 +26,16 @@ namespace kestrel::train {
 enum class OptimizerOffload { None, Host };
 // "none" | "host"; anything else is an error naming the valid values.
 OptimizerOffload parse_optimizer_offload(const std::string& s);
+// optimizer.state_dtype: "f32" | "bf16"; anything else is an error naming the valid values.
+DType parse_optimizer_state_dtype(const std::string& s);
 const char* optimizer_offload_name(OptimizerOffload o);
 
 struct OptimizerPlacement {
   OptimizerOffload offload = OptimizerOffload::None;
+  // The moments' storage (host offload only): f32 (exact) or bf16 (8 instead of 12 bytes per parameter
+  // on the host; the update is the same f32 arithmetic on the stored moments, each rounded once: not
+  // bit-identical to f32 AdamW). The f32 master stays f32.
+  DType state_dtype = DType::F32;
   // Host offload: bytes of one pinned staging slot (per direction) and the number of slots in the ring.
   int64_t staging_slot_bytes = int64_t{64} << 20;
   int staging_slots = 4;
@@ -70,7 +76,7 @@ class AdamW {
   void load_state(const std::map<std::string, Tensor>& tensors, int64_t step);
 
   // Host memory the offloaded state of `params` takes (what the constructor checks against the host).
-  static int64_t host_state_bytes_for(const models::ParameterList& params);
+  static int64_t host_state_bytes_for(const models::ParameterList& params, DType state_dtype = DType::F32);
 
   // Private: the offload pipeline (train/src/host_staging.h).
   class Staging;
@@ -80,7 +86,7 @@ class AdamW {
     std::string name;
     Tensor* param;
     Tensor master;  // f32 copy when the parameter is not f32 (always, on the host, when offloaded)
-    Tensor m, v;
+    Tensor m, v;  // f32, or bf16 (OptimizerPlacement::state_dtype) when offloaded
   };
   void step_offloaded(double lr);
 
