@@ -13,6 +13,7 @@
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
 #include "support/mutate.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
@@ -23,29 +24,11 @@ using kestrel::testing::mutate_json;
 using kestrel::testing::parses_or_kestrel_error;
 using nlohmann::json;
 
+using kestrel::testing::TempDir;
+using kestrel::testing::read_bytes;
+using kestrel::testing::write_bytes;
+
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_fz_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-void write_bytes(const fs::path& p, const std::string& b) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 // Opens `path` and touches every tensor byte (which must lie inside the map).
 void open_and_touch(const std::string& path) {

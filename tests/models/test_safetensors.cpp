@@ -11,27 +11,17 @@
 #include "kestrel/models/config.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::models;
 
+using kestrel::testing::TempDir;
+
 namespace {
 
 // A fresh folder under the temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_st_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // Random bytes for a tensor of `dtype` and `shape` (bools are 0/1).
 std::vector<uint8_t> random_bytes(DType dtype, const std::vector<int64_t>& shape, std::mt19937_64& rng) {

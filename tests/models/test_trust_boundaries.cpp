@@ -20,25 +20,15 @@
 #include "kestrel/models/file_io.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::models;
 
-namespace {
+using kestrel::testing::TempDir;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_tb_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+namespace {
 
 // Runs fn, which must throw kestrel::Error; returns its message (empty after a test failure).
 std::string error_of(const std::function<void()>& fn) {

@@ -27,19 +27,26 @@ inline std::vector<uint8_t> raw_bytes(const Tensor& t) {
   return b;
 }
 
-// `shapes`: the parameters (odd sizes; some larger than a staging slot so they split into chunks).
-inline void expect_offloaded_adamw_matches_device(Device device, DType dtype, const std::vector<Shape>& shapes,
-                                                  OptimizerPlacement host, int steps, double clip) {
-  std::vector<std::unique_ptr<Tensor>> owned;
-  models::ParameterList on_device, offloaded;
+// Two parameter lists "p0", "p1", ... of `shapes` with the same fresh random values (owned by `owned`).
+inline void twin_parameters(Device device, DType dtype, const std::vector<Shape>& shapes,
+                            std::vector<std::unique_ptr<Tensor>>& owned, models::ParameterList& a,
+                            models::ParameterList& b) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     Tensor init = randn(shapes[i], DType::F32, Device::cpu(), 0.5).to(dtype);
-    for (models::ParameterList* list : {&on_device, &offloaded}) {
+    for (models::ParameterList* list : {&a, &b}) {
       owned.push_back(std::make_unique<Tensor>(models::make_parameter("p" + std::to_string(i), shapes[i], dtype, device)));
       owned.back()->copy_(init);
       list->add("p" + std::to_string(i), owned.back().get());
     }
   }
+}
+
+// `shapes`: the parameters (odd sizes; some larger than a staging slot so they split into chunks).
+inline void expect_offloaded_adamw_matches_device(Device device, DType dtype, const std::vector<Shape>& shapes,
+                                                  OptimizerPlacement host, int steps, double clip) {
+  std::vector<std::unique_ptr<Tensor>> owned;
+  models::ParameterList on_device, offloaded;
+  twin_parameters(device, dtype, shapes, owned, on_device, offloaded);
   AdamWOptions o;
   o.lr = 1e-2;
   o.beta1 = 0.9;

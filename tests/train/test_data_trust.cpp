@@ -22,27 +22,16 @@
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/vlm_data.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::train;
 using nlohmann::json;
 
-namespace {
+using kestrel::testing::TempDir;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_dt_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+namespace {
 
 std::string error_of(const std::function<void()>& fn) {
   try {

@@ -15,6 +15,7 @@
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/train_config.h"
 #include "support/mutate.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
@@ -25,29 +26,11 @@ using kestrel::testing::mutate_json;
 using kestrel::testing::parses_or_kestrel_error;
 using nlohmann::json;
 
+using kestrel::testing::TempDir;
+using kestrel::testing::read_bytes;
+using kestrel::testing::write_bytes;
+
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_fzt_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_bytes(const fs::path& p, const std::string& b) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
-}
 
 }  // namespace
 

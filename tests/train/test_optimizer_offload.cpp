@@ -63,15 +63,7 @@ TEST(AdamWOffload, Bf16MomentsStayCloseToExactAdamW) {
   std::vector<std::unique_ptr<Tensor>> owned;
   models::ParameterList exact, compact;
   const std::vector<Shape> shapes = {{300, 17}, {129}};
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    Tensor init = randn(shapes[i], DType::F32, Device::cpu(), 0.5).to(DType::BF16);
-    for (models::ParameterList* list : {&exact, &compact}) {
-      owned.push_back(std::make_unique<Tensor>(models::make_parameter("p" + std::to_string(i), shapes[i], DType::BF16,
-                                                                      Device::cpu())));
-      owned.back()->copy_(init);
-      list->add("p" + std::to_string(i), owned.back().get());
-    }
-  }
+  twin_parameters(Device::cpu(), DType::BF16, shapes, owned, exact, compact);
   AdamWOptions o;
   o.lr = 1e-2;
   o.beta2 = 0.95;

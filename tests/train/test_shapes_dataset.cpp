@@ -13,10 +13,13 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/image_io.h"
 #include "kestrel/train/shapes_dataset.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::train;
+
+using kestrel::testing::TempDir;
 
 namespace {
 int nearest_colour(const uint8_t* px) {
@@ -129,19 +132,6 @@ TEST(ShapesDataset, CaptionsMatchPixels) {
 // ---- image files ----
 
 namespace {
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_img_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 uint32_t crc32(const uint8_t* p, size_t n, uint32_t crc = 0) {
   crc = ~crc;

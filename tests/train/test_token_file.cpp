@@ -9,25 +9,15 @@
 
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/token_file.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::train;
 
+using kestrel::testing::TempDir;
+
 namespace {
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kestrel_tok_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<char> slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

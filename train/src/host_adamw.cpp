@@ -11,8 +11,7 @@
 namespace kestrel::train {
 namespace {
 
-inline float load_grad(const float* g, int64_t i) { return g[i]; }
-inline float load_bf16(const uint16_t* g, int64_t i) { return std::bit_cast<float>(static_cast<uint32_t>(g[i]) << 16); }
+inline float load_bf16(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 // float_to_bf16_bits of runtime/dtype.h, written branch-free.
 inline uint16_t to_bf16(float f) {
@@ -22,99 +21,68 @@ inline uint16_t to_bf16(float f) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
 }
 
-// One element of the reference update; the copy is written by the caller.
-#define KESTREL_ADAMW_ELEMENT(gi)                                                      \
-  float pi = master[i] * c.decay;                                                      \
-  const float mi = c.b1 * m[i] + c.one_minus_b1 * (gi);                                \
-  const float vi = c.b2 * v[i] + c.one_minus_b2 * (gi) * (gi);                         \
-  pi = pi - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);                   \
-  master[i] = pi;                                                                      \
-  m[i] = mi;                                                                           \
-  v[i] = vi;
+// A moment as stored: f32 (exact), or bf16 bits rounded to nearest even on every store.
+inline float load_moment(float x) { return x; }
+inline float load_moment(uint16_t x) { return load_bf16(x); }
+inline void store_moment(float& dst, float x) { dst = x; }
+inline void store_moment(uint16_t& dst, float x) { dst = to_bf16(x); }
 
+// One element of the reference update (ops/cpu/optim.cpp, operation by operation); returns the new
+// master value and updates the moments in place.
+template <typename S>
+inline float adamw_element(float& master, S& m, S& v, float g, const HostAdamWConstants& c) {
+  float p = master * c.decay;
+  const float mi = c.b1 * load_moment(m) + c.one_minus_b1 * g;
+  const float vi = c.b2 * load_moment(v) + c.one_minus_b2 * g * g;
+  p = p - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
+  master = p;
+  store_moment(m, mi);
+  store_moment(v, vi);
+  return p;
+}
+
+// The hot paths (bf16 gradients and parameters, both moment storages; f32 throughout), cloned per ISA.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void update_bf16_to_bf16(float* __restrict master, float* __restrict m, float* __restrict v,
-                         const uint16_t* __restrict g, uint16_t* __restrict out, int64_t n, HostAdamWConstants c) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = load_bf16(g, i);
-    KESTREL_ADAMW_ELEMENT(gi)
-    out[i] = to_bf16(pi);
-  }
+void update_bf16_f32_state(float* __restrict master, float* __restrict m, float* __restrict v,
+                           const uint16_t* __restrict g, uint16_t* __restrict out, int64_t n, HostAdamWConstants c) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(adamw_element(master[i], m[i], v[i], load_bf16(g[i]), c));
 }
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void update_f32_to_f32(float* __restrict master, float* __restrict m, float* __restrict v,
-                       const float* __restrict g, float* __restrict out, int64_t n, HostAdamWConstants c) {
+void update_bf16_bf16_state(float* __restrict master, uint16_t* __restrict m, uint16_t* __restrict v,
+                            const uint16_t* __restrict g, uint16_t* __restrict out, int64_t n, HostAdamWConstants c) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(adamw_element(master[i], m[i], v[i], load_bf16(g[i]), c));
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void update_f32(float* __restrict master, float* __restrict m, float* __restrict v, const float* __restrict g,
+                float* __restrict out, int64_t n, HostAdamWConstants c) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = load_grad(g, i);
-    KESTREL_ADAMW_ELEMENT(gi)
-    if (out) out[i] = pi;
+    const float p = adamw_element(master[i], m[i], v[i], g[i], c);
+    if (out) out[i] = p;
   }
 }
 
 // Every other combination (f16 anywhere, mixed gradient/copy types): the same element update, scalar.
-void update_generic(float* master, float* m, float* v, const void* grad, DType gt, void* out, DType ot, int64_t n,
+template <typename S>
+void update_generic(float* master, S* m, S* v, const void* grad, DType gt, void* out, DType ot, int64_t n,
                     const HostAdamWConstants& c) {
   for (int64_t i = 0; i < n; ++i) {
     float gi;
     switch (gt) {
-      case DType::BF16: gi = load_bf16(static_cast<const uint16_t*>(grad), i); break;
+      case DType::BF16: gi = load_bf16(static_cast<const uint16_t*>(grad)[i]); break;
       case DType::F16: gi = f16_bits_to_float(static_cast<const uint16_t*>(grad)[i]); break;
       default: gi = static_cast<const float*>(grad)[i]; break;
     }
-    KESTREL_ADAMW_ELEMENT(gi)
+    const float p = adamw_element(master[i], m[i], v[i], gi, c);
     if (out == nullptr) continue;
     switch (ot) {
-      case DType::BF16: static_cast<uint16_t*>(out)[i] = to_bf16(pi); break;
-      case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_f16_bits(pi); break;
-      default: static_cast<float*>(out)[i] = pi; break;
+      case DType::BF16: static_cast<uint16_t*>(out)[i] = to_bf16(p); break;
+      case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_f16_bits(p); break;
+      default: static_cast<float*>(out)[i] = p; break;
     }
   }
 }
-
-// bf16 moments: the element update of KESTREL_ADAMW_ELEMENT on the widened stored moments.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void update_bf16_state(float* __restrict master, uint16_t* __restrict m, uint16_t* __restrict v,
-                       const uint16_t* __restrict g, uint16_t* __restrict out, int64_t n, HostAdamWConstants c) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = load_bf16(g, i);
-    float pi = master[i] * c.decay;
-    const float mi = c.b1 * load_bf16(m, i) + c.one_minus_b1 * gi;
-    const float vi = c.b2 * load_bf16(v, i) + c.one_minus_b2 * gi * gi;
-    pi = pi - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
-    master[i] = pi;
-    m[i] = to_bf16(mi);
-    v[i] = to_bf16(vi);
-    out[i] = to_bf16(pi);
-  }
-}
-
-void update_bf16_state_generic(float* master, uint16_t* m, uint16_t* v, const void* grad, DType gt, void* out,
-                               DType ot, int64_t n, const HostAdamWConstants& c) {
-  for (int64_t i = 0; i < n; ++i) {
-    float gi;
-    switch (gt) {
-      case DType::BF16: gi = load_bf16(static_cast<const uint16_t*>(grad), i); break;
-      case DType::F16: gi = f16_bits_to_float(static_cast<const uint16_t*>(grad)[i]); break;
-      default: gi = static_cast<const float*>(grad)[i]; break;
-    }
-    float pi = master[i] * c.decay;
-    const float mi = c.b1 * load_bf16(m, i) + c.one_minus_b1 * gi;
-    const float vi = c.b2 * load_bf16(v, i) + c.one_minus_b2 * gi * gi;
-    pi = pi - c.step_size * mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
-    master[i] = pi;
-    m[i] = to_bf16(mi);
-    v[i] = to_bf16(vi);
-    if (out == nullptr) continue;
-    switch (ot) {
-      case DType::BF16: static_cast<uint16_t*>(out)[i] = to_bf16(pi); break;
-      case DType::F16: static_cast<uint16_t*>(out)[i] = float_to_f16_bits(pi); break;
-      default: static_cast<float*>(out)[i] = pi; break;
-    }
-  }
-}
-
-#undef KESTREL_ADAMW_ELEMENT
 
 }  // namespace
 
@@ -142,21 +110,22 @@ void host_adamw_update(float* master, void* mv, void* vv, DType state_dtype, con
                 "adamw-host", "parameter copies must be f32, bf16 or f16, got ", dtype_name(out_dtype));
   KESTREL_CHECK(state_dtype == DType::F32 || state_dtype == DType::BF16, "adamw-host",
                 "moments must be f32 or bf16, got ", dtype_name(state_dtype));
+  const bool bf16_hot = grad_dtype == DType::BF16 && out != nullptr && out_dtype == DType::BF16;
   if (state_dtype == DType::BF16) {
     auto* m = static_cast<uint16_t*>(mv);
     auto* v = static_cast<uint16_t*>(vv);
-    if (grad_dtype == DType::BF16 && out != nullptr && out_dtype == DType::BF16)
-      update_bf16_state(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
+    if (bf16_hot)
+      update_bf16_bf16_state(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
     else
-      update_bf16_state_generic(master, m, v, grad, grad_dtype, out, out_dtype, n, c);
+      update_generic(master, m, v, grad, grad_dtype, out, out_dtype, n, c);
     return;
   }
   auto* m = static_cast<float*>(mv);
   auto* v = static_cast<float*>(vv);
-  if (grad_dtype == DType::BF16 && out != nullptr && out_dtype == DType::BF16)
-    update_bf16_to_bf16(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
+  if (bf16_hot)
+    update_bf16_f32_state(master, m, v, static_cast<const uint16_t*>(grad), static_cast<uint16_t*>(out), n, c);
   else if (grad_dtype == DType::F32 && (out == nullptr || out_dtype == DType::F32))
-    update_f32_to_f32(master, m, v, static_cast<const float*>(grad), static_cast<float*>(out), n, c);
+    update_f32(master, m, v, static_cast<const float*>(grad), static_cast<float*>(out), n, c);
   else
     update_generic(master, m, v, grad, grad_dtype, out, out_dtype, n, c);
 }

@@ -405,10 +405,11 @@ TrainSummary Trainer::run() {
     double tps = tokens / (ms / 1e3);
     double mfu = peak_flops > 0 ? 6.0 * static_cast<double>(I.num_params()) * tps / peak_flops : 0.0;
     double lr = I.schedule.at(I.step);
-    json row{{"step", I.step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"ms", ms},
-                    {"tokens_per_s", tps}, {"mfu", mfu},
-                    {"peak_bytes", memory_trace(I.device).snapshot().peak_in_use},
-                    {"peak_footprint_bytes", memory_trace(I.device).snapshot().peak_footprint}};
+    const MemorySnapshot snap = memory_trace(I.device).snapshot();
+    json row{{"step", I.step},          {"loss", loss},       {"grad_norm", gnorm},
+             {"lr", lr},                {"ms", ms},           {"tokens_per_s", tps},
+             {"mfu", mfu},              {"peak_bytes", snap.peak_in_use},
+             {"peak_footprint_bytes", snap.peak_footprint}};
     const bool offloaded = I.optim->placement().offload == OptimizerOffload::Host;
     if (offloaded) {
       const OptimizerStepStats& os = I.optim->last_step_stats();
