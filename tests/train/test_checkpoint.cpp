@@ -1,12 +1,19 @@
 // Checkpoints that can be trusted (issue 18): each test is the failure it prevents. Tiny CPU VLM
 // runs of a few steps (trainer_fixtures.h).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iterator>
+#include <thread>
 
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/trainer.h"
@@ -268,6 +275,51 @@ TEST(Checkpoint, ResumeTrimsMetricsToTheCheckpoint) {
   std::vector<int64_t> steps;
   for (std::string line; std::getline(f, line);) steps.push_back(json::parse(line)["step"].get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  fs::remove_all(out);
+}
+
+// metrics.jsonl was opened with std::ofstream (and read with std::ifstream on resume): a FIFO there
+// blocked the run in open() for good, and a folder there lost every row silently. Now both are
+// refused, naming the path, for a fresh run and for a resume. A regression fails after 30 s instead
+// of hanging: the FIFO is then opened read-write, which releases an opener blocked on either end.
+std::string error_within_30s(const std::string& fifo, const std::function<void()>& f) {
+  std::promise<std::string> done;
+  std::future<std::string> result = done.get_future();
+  std::thread t([&] { done.set_value(error_of(f)); });
+  int release = -1;
+  if (result.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    ADD_FAILURE() << "the trainer hung on the FIFO " << fifo;
+    release = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  }
+  t.join();
+  if (release >= 0) ::close(release);
+  return result.get();
+}
+
+TEST(Checkpoint, MetricsPathThatIsNotARegularFileIsRefused) {
+  const std::string out = tmp("metrics_fifo");
+  const std::string metrics = out + "/metrics.jsonl";
+  fs::create_directories(out);
+  ASSERT_EQ(::mkfifo(metrics.c_str(), 0600), 0);
+  std::string m = error_within_30s(metrics, [&] { train(run_cfg(out, 1, 1)); });
+  EXPECT_NE(m.find(metrics), std::string::npos) << m;
+  EXPECT_NE(m.find("FIFO"), std::string::npos) << m;
+
+  // Resuming: the trim reads the file first.
+  fs::remove(metrics);
+  train(run_cfg(out, 2, 1));
+  fs::remove(metrics);
+  ASSERT_EQ(::mkfifo(metrics.c_str(), 0600), 0);
+  m = error_within_30s(metrics, [&] { train(run_cfg(out, 3, 1), "latest"); });
+  EXPECT_NE(m.find(metrics), std::string::npos) << m;
+  EXPECT_NE(m.find("FIFO"), std::string::npos) << m;
+
+  // A folder: the rows used to go nowhere.
+  fs::remove(metrics);
+  fs::create_directories(metrics);
+  m = error_of([&] { train(run_cfg(out, 3, 1), "latest"); });
+  EXPECT_NE(m.find(metrics), std::string::npos) << m;
+  EXPECT_NE(m.find("not a regular file"), std::string::npos) << m;
   fs::remove_all(out);
 }
 

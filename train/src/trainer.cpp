@@ -9,7 +9,12 @@
 //   "stop"), or ("skip") the step's update is not applied, at the cost of one host sync per step.
 #include "kestrel/train/trainer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -274,18 +279,64 @@ EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 void Trainer::set_overwrite_out_dir(bool on) { impl_->overwrite_out_dir = on; }
 
 namespace {
+// metrics.jsonl is only ever a regular file (or absent): a FIFO there blocked open() forever (for
+// reading until a writer came, for writing until a reader did), and a folder made every row vanish
+// silently. Both are errors naming the path; the opens themselves never block (O_NONBLOCK, then fstat).
+void require_regular_metrics(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) models::require_regular_file(path, "train");
+}
+
+// Appends one JSON line per step, flushed (written through) per line.
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& path, bool append) : path_(path) {
+    require_regular_metrics(path);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (append ? O_APPEND : O_TRUNC),
+                 0644);
+    KESTREL_CHECK(fd_ >= 0, "train", "cannot open the metrics file '", path, "': ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw make_error("train", "'", path, "' is not a regular file; the metrics are written only to one");
+    }
+  }
+  ~MetricsFile() { ::close(fd_); }
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  void write_line(const std::string& text) {
+    std::string line = text + "\n";
+    for (size_t done = 0; done < line.size();) {
+      ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      KESTREL_CHECK(n > 0, "train", "cannot write the metrics file '", path_, "': ", std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Keeps the metrics lines of steps up to `step` (what the checkpoint saw); drops the lines of steps
 // a killed run took after it (the resumed run writes them again) and a torn last line.
 void trim_metrics(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string line, kept;
-  while (std::getline(in, line)) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  auto file = models::MappedFile::open(path, "train");  // regular files only, never a blocking open
+  std::string_view text(reinterpret_cast<const char*>(file->data()), file->size());
+  std::string kept;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    const std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
     json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded() || !row.is_object()) continue;
-    if (!row.contains("step") || !row["step"].is_number() || row["step"].get<int64_t>() <= step) kept += line + "\n";
+    if (!row.contains("step") || !row["step"].is_number() || row["step"].get<int64_t>() <= step)
+      kept.append(line).push_back('\n');
   }
-  in.close();
   models::write_file_atomic(path, std::as_bytes(std::span(kept.data(), kept.size())), "train");
 }
 }  // namespace
@@ -358,7 +409,7 @@ TrainSummary Trainer::run() {
                   theirs.size(), " checkpoint(s) (newest ", theirs.back(), "). Continue that run with --resume latest, ",
                   "delete them with --overwrite-out-dir, or choose another out_dir");
   }
-  std::ofstream metrics(I.out_dir + "/metrics.jsonl", I.step > 0 ? std::ios::app : std::ios::trunc);
+  MetricsFile metrics(I.out_dir + "/metrics.jsonl", /*append=*/I.step > 0);
   const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
   const int64_t keep = I.cfg["keep_checkpoints"];
@@ -419,8 +470,7 @@ TrainSummary Trainer::run() {
       row["gpu_idle_ms"] = I.optim->last_step_gpu_idle_ms();
       row["host"] = I.host_json();
     }
-    metrics << row.dump() << "\n";
-    metrics.flush();
+    metrics.write_line(row.dump());
     if (I.step % log_every == 0 || I.step == 1 || I.step == I.total_steps) {
       // Progress: time left at the average pace of this run so far.
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
