@@ -1,7 +1,8 @@
 // CUDA optimizer slots (kernels/optim.h): multi-tensor AdamW, sum of squares and in-place scaling.
 //
 // Multi-tensor: up to kMaxTensors tensors per launch travel in the kernel's parameter struct; each
-// tensor gets ceil(n / kChunk) blocks and a block finds its tensor in a prefix table. AdamW follows
+// tensor gets ceil(n / kChunk) blocks and a block finds its tensor in a prefix table. A 16-bit
+// parameter without an f32 master is read widened and written back rounded like a copy. AdamW follows
 // cpu/optim.cpp operation by operation with explicitly rounded f32 intrinsics (no FMA contraction), so
 // the f32 master weights, moments and the stochastically rounded bf16/f16 copy (Philox word i of
 // seed, offset 0) match the CPU bit for bit. sum_squares and scaling use 16-byte vectors on whole
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/optim_rounding.cuh"
 #include "kernels/optim.h"
 #include "kestrel/runtime/memory.h"
 #include "kestrel/runtime/philox.h"
@@ -26,14 +28,14 @@ constexpr int kBlock = 256;
 struct AdamWList {
   int count;
   int block_start[kMaxTensors + 1];
-  float* p[kMaxTensors];
+  void* p[kMaxTensors];  // f32 master, or a bf16/f16 parameter without one (pt)
   float* m[kMaxTensors];
   float* v[kMaxTensors];
   const void* g[kMaxTensors];
   void* copy[kMaxTensors];
   int64_t n[kMaxTensors];
   uint64_t seed[kMaxTensors];
-  DType gt[kMaxTensors], ct[kMaxTensors];
+  DType gt[kMaxTensors], ct[kMaxTensors], pt[kMaxTensors];
 };
 
 struct AdamWConst {
@@ -46,58 +48,27 @@ __device__ __forceinline__ int find_tensor(const int* start, int count) {
   return t;
 }
 
-// round_stochastic of cpu/optim.cpp; T16 = bf16 (IS_BF16) or f16, returns the bits.
-template <bool IS_BF16>
-__device__ uint16_t round_stochastic(float x, float u) {
-  auto to_bits = [](float f) -> uint16_t {
-    return IS_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
-  };
-  auto from_bits = [](uint16_t b) -> float {
-    return IS_BF16 ? __bfloat162float(__ushort_as_bfloat16(b)) : __half2float(__ushort_as_half(b));
-  };
-  uint16_t nearest = to_bits(x);
-  if (!isfinite(x)) return nearest;
-  float a = fabsf(x);
-  uint16_t sign = signbit(x) ? 0x8000u : 0u;
-  uint16_t hb = to_bits(a);
-  float h = from_bits(hb);
-  if (h == a) return nearest;
-  uint16_t lo_b = h < a ? hb : static_cast<uint16_t>(hb - 1);
-  uint16_t hi_b = static_cast<uint16_t>(lo_b + 1);
-  float lo = from_bits(lo_b), hi = from_bits(hi_b);
-  if (!isfinite(hi)) return nearest;
-  double p_hi = (static_cast<double>(a) - lo) / (static_cast<double>(hi) - lo);
-  uint16_t b = static_cast<double>(u) < p_hi ? hi_b : lo_b;
-  return static_cast<uint16_t>(b | sign);
-}
-
 __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   int t = find_tensor(L.block_start, L.count);
   int64_t n = L.n[t], base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
-  float *p = L.p[t], *m = L.m[t], *v = L.v[t];
+  float *m = L.m[t], *v = L.v[t];
+  void* p = L.p[t];
+  const DType pt = L.pt[t];
   for (int64_t i = base + threadIdx.x; i < n && i < base + kChunk; i += blockDim.x) {
     float gi = load_as_f32(L.g[t], i, L.gt[t]);
-    float pi = __fmul_rn(p[i], c.decay);
+    float pi = __fmul_rn(load_as_f32(p, i, pt), c.decay);
     float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
     float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
     float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
     pi = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
-    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    void* cp = L.copy[t];
-    if (cp == nullptr) continue;
-    uint64_t seed = L.seed[t];
-    switch (L.ct[t]) {
-      case DType::BF16:
-        static_cast<uint16_t*>(cp)[i] = seed ? round_stochastic<true>(pi, philox_uniform(seed, 0, i))
-                                             : __bfloat16_as_ushort(__float2bfloat16_rn(pi));
-        break;
-      case DType::F16:
-        static_cast<uint16_t*>(cp)[i] = seed ? round_stochastic<false>(pi, philox_uniform(seed, 0, i))
-                                             : __half_as_ushort(__float2half_rn(pi));
-        break;
-      default: static_cast<float*>(cp)[i] = pi; break;
+    // Without a master the 16-bit parameter itself is the rounded copy.
+    if (pt == DType::F32) {
+      static_cast<float*>(p)[i] = pi;
+      if (L.copy[t] != nullptr) store_rounded(L.copy[t], L.ct[t], i, pi, L.seed[t]);
+    } else {
+      store_rounded(p, pt, i, pi, L.seed[t]);
     }
   }
 }
@@ -121,15 +92,17 @@ void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels
     int blocks = 0;
     for (; i < tensors.size() && L.count < kMaxTensors; ++i) {
       const auto& t = tensors[i];
-      KESTREL_CHECK(t.param.dtype() == DType::F32 && t.m.dtype() == DType::F32 && t.v.dtype() == DType::F32,
-                    "adamw_step", "CUDA AdamW needs f32 master weights and moments, got ", t.param.str());
+      KESTREL_CHECK(t.m.dtype() == DType::F32 && t.v.dtype() == DType::F32, "adamw_step",
+                    "CUDA AdamW needs f32 moments, got ", t.m.str());
+      check_cuda_dtype(t.param.dtype(), "adamw_step");
       check_cuda_dtype(t.grad.dtype(), "adamw_step");
       int64_t n = t.param.numel();
       if (n == 0) continue;
       int k = L.count++;
       L.block_start[k] = blocks;
       blocks += static_cast<int>(ceil_div(n, kChunk));
-      L.p[k] = ptr<float>(t.param);
+      L.p[k] = t.param.data_ptr();
+      L.pt[k] = t.param.dtype();
       L.m[k] = ptr<float>(t.m);
       L.v[k] = ptr<float>(t.v);
       L.g[k] = t.grad.data_ptr();
