@@ -3,6 +3,7 @@
 
 #include "kernels/matmul.h"
 #include "kestrel/autograd/tape.h"
+#include "src/gemm.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/ops/shape.h"
 
@@ -64,6 +65,34 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tens
 }
 
 }  // namespace
+
+namespace detail {
+
+void gemm_into(const Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double beta) {
+  KESTREL_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2, "matmul", "gemm_into takes 2-D tensors, got ",
+                out.str(), ", ", a.str(), ", ", b.str());
+  KESTREL_CHECK(a.dtype() == b.dtype() && out.dtype() == a.dtype(), "matmul", "dtype mismatch: ", out.str(), " = ",
+                a.str(), " @ ", b.str());
+  KESTREL_CHECK(a.device() == b.device() && out.device() == a.device(), "matmul", "device mismatch: ", out.str(),
+                " = ", a.str(), " @ ", b.str());
+  const int64_t M = a.shape()[ta ? 1 : 0], K = a.shape()[ta ? 0 : 1];
+  const int64_t Kb = b.shape()[tb ? 1 : 0], N = b.shape()[tb ? 0 : 1];
+  KESTREL_CHECK(K == Kb && out.shape()[0] == M && out.shape()[1] == N, "matmul", "gemm_into shapes: ", out.str(),
+                " = ", a.str(), (ta ? "^T" : ""), " @ ", b.str(), (tb ? "^T" : ""));
+  KESTREL_CHECK(out.is_contiguous(), "matmul", "gemm_into needs a contiguous output, got ", out.str());
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (beta == 0.0) {
+      Tensor o = out;
+      o.zero_();
+    }
+    return;
+  }
+  kernels::dispatch(kernels::matmul, "matmul", a.device(), out.view({1, M, N}), as_batched(a, ta, 1),
+                    as_batched(b, tb, 1), Tensor(), 1.0, beta);
+}
+
+}  // namespace detail
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   Tensor out = matmul_raw(a, b, ta, tb, Tensor());

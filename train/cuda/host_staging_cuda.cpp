@@ -55,10 +55,19 @@ class CudaStaging final : public AdamW::Staging {
     KESTREL_CUDA_CHECK(cudaEventRecord(idle_begin_.e, comp));
     KESTREL_CUDA_CHECK(cudaStreamWaitEvent(d2h, ready_.get(), 0));
     KESTREL_CUDA_CHECK(cudaStreamWaitEvent(h2d, ready_.get(), 0));
+    // Gradients already in host memory (optimizer.gradients "host": GradientStream) are read where
+    // they are: no D2H copy, no slot.
+    std::vector<char> on_host(n, 0);
+    for (size_t k = 0; k < n; ++k) {
+      cudaPointerAttributes a{};
+      KESTREL_CUDA_CHECK(cudaPointerGetAttributes(&a, chunks[k].grad));
+      on_host[k] = a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
+    }
     auto fetch = [&](size_t k) {
       const size_t s = k % slots;
       KESTREL_CHECK(chunks[k].grad_bytes <= slot_bytes_ && chunks[k].param_bytes <= slot_bytes_, "adamw-offload",
                     "chunk of ", chunks[k].grad_bytes, " bytes exceeds the staging slot (", slot_bytes_, ")");
+      if (on_host[k]) return;
       KESTREL_CUDA_CHECK(cudaMemcpyAsync(in_[s].data(), chunks[k].grad, static_cast<size_t>(chunks[k].grad_bytes),
                                          cudaMemcpyDeviceToHost, d2h));
       KESTREL_CUDA_CHECK(cudaEventRecord(in_ev_[s]->get(), d2h));
@@ -69,11 +78,11 @@ class CudaStaging final : public AdamW::Staging {
     for (size_t k = 0; k < n; ++k) {
       const size_t s = k % slots;
       auto t_wait = Clock::now();
-      KESTREL_CUDA_CHECK(cudaEventSynchronize(in_ev_[s]->get()));
+      if (!on_host[k]) KESTREL_CUDA_CHECK(cudaEventSynchronize(in_ev_[s]->get()));
       if (out_busy[s]) KESTREL_CUDA_CHECK(cudaEventSynchronize(out_ev_[s]->get()));
       st.copy_wait_ms += ms_since(t_wait);
       auto t_update = Clock::now();
-      update(k, in_[s].data(), out_[s].data());
+      update(k, on_host[k] ? chunks[k].grad : in_[s].data(), out_[s].data());
       st.update_ms += ms_since(t_update);
       KESTREL_CUDA_CHECK(cudaMemcpyAsync(chunks[k].param, out_[s].data(), static_cast<size_t>(chunks[k].param_bytes),
                                          cudaMemcpyHostToDevice, h2d));

@@ -25,7 +25,7 @@ namespace kestrel::train {
 class AdamW::Staging {
  public:
   struct Chunk {
-    const void* grad;  // on the device
+    const void* grad;  // on the device, or already in host memory (then read in place, no copy)
     int64_t grad_bytes;
     void* param;       // on the device
     int64_t param_bytes;

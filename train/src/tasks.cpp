@@ -64,6 +64,7 @@ class VlmTask final : public Task {
 
   models::ParameterList& parameters() override { return model_->parameters(); }
   std::string name() const override { return "vlm"; }
+  models::Decoder* decoder() override { return &model_->decoder(); }
 
   HostBatch prepare(uint64_t index, int64_t batch_size) const override {
     const uint64_t first = index * static_cast<uint64_t>(batch_size);
@@ -145,6 +146,7 @@ class DecoderTask final : public Task {
 
   models::ParameterList& parameters() override { return model_->parameters(); }
   std::string name() const override { return "decoder"; }
+  models::Decoder* decoder() override { return model_.get(); }
 
   HostBatch prepare(uint64_t index, int64_t batch_size) const override {
     return stream_->host_batch(index, batch_size, seq_len_);

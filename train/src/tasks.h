@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kestrel/autograd/recompute.h"
+#include "kestrel/models/decoder.h"
 #include "kestrel/models/parameters.h"
 #include "kestrel/train/host_batch.h"
 #include "kestrel/train/trainer.h"
@@ -29,6 +30,8 @@ class Task {
   // Greedy outputs next to the expected ones for the first `count` held-out records (none: empty).
   virtual std::vector<std::pair<std::string, std::string>> samples(int64_t count) { return {}; }
   virtual std::string name() const = 0;
+  // The language model's decoder (run settings such as its MLP tile); null when the task has none.
+  virtual models::Decoder* decoder() { return nullptr; }
 };
 
 // Builds the task a resolved config names (model.type, data.type); errors name the key.

@@ -65,6 +65,12 @@ class Decoder {
   // Logits [T, V] (for generation and debugging: materialises the full row block).
   Tensor logits(const Tensor& hidden) const;
 
+  // Token tile of the MLP (kestrel/ops/mlp.h): 0 runs it as linear/swiglu ops that keep three [T, I]
+  // activations for backward; N > 0 runs it N tokens at a time, keeping only its input (two more
+  // GEMMs per tile in backward). The trainer picks N from the memory budget for long contexts.
+  void set_mlp_tile_tokens(int64_t tokens);
+  int64_t mlp_tile_tokens() const { return mlp_tile_tokens_; }
+
  private:
   TextConfig config_;
   DType dtype_;
@@ -76,6 +82,7 @@ class Decoder {
   Tensor norm_;     // [C]
   Tensor lm_head_;  // [V, C] unless tied
   ParameterList params_;
+  int64_t mlp_tile_tokens_ = 0;
 };
 
 }  // namespace kestrel::models
