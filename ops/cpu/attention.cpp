@@ -3,7 +3,8 @@
 //
 // Forward: s_j = scale * q.k_j over the visible keys of the row's document, lse = log sum exp s_j,
 // out = sum_j exp(s_j - lse) v_j. Causal masking is bottom-right aligned: key j (local index) is
-// visible to query i iff j <= i + len_k - len_q.
+// visible to query i iff j <= i + len_k - len_q; a sliding window W > 0 keeps only
+// j > i + len_k - len_q - W of those, so each row sees a contiguous key range.
 // Backward (FA2 form, P recomputed from the saved lse): delta_i = dout_i . out_i,
 // dS_ij = P_ij (dout_i . v_j - delta_i), dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i,
 // dv_j = sum_i P_ij dout_i, with dk/dv also summed over the query heads of the KV group. dq runs
@@ -44,16 +45,26 @@ struct Docs {
   }
   int64_t len_q(int d) const { return cu_q[d + 1] - cu_q[d]; }
   int64_t len_k(int d) const { return cu_k[d + 1] - cu_k[d]; }
-  // Number of visible keys (a prefix of the document's keys) for local query index i.
-  int64_t visible(int d, int64_t i, bool causal) const {
-    int64_t lk = len_k(d);
-    if (!causal) return lk;
-    return std::clamp<int64_t>(i + lk - len_q(d) + 1, 0, lk);
+  // Visible local keys [lo, hi) of local query index i (empty when lo >= hi).
+  struct Range {
+    int64_t lo, hi;
+  };
+  Range keys_of(int d, int64_t i, const kernels::AttentionParams& p) const {
+    const int64_t lk = len_k(d);
+    if (!p.causal) return {0, lk};
+    const int64_t diag = i + lk - len_q(d);  // the last visible key
+    const int64_t hi = std::clamp<int64_t>(diag + 1, 0, lk);
+    const int64_t lo = p.window > 0 ? std::clamp<int64_t>(diag - p.window + 1, 0, lk) : 0;
+    return {lo, std::max(lo, hi)};
   }
-  // First local query index that sees local key j (causal), len_q when none does.
-  int64_t first_query(int d, int64_t j, bool causal) const {
-    if (!causal) return 0;
-    return std::clamp<int64_t>(j - (len_k(d) - len_q(d)), 0, len_q(d));
+  // Local queries [lo, hi) that see local key j.
+  Range queries_of(int d, int64_t j, const kernels::AttentionParams& p) const {
+    const int64_t lq = len_q(d);
+    if (!p.causal) return {0, lq};
+    const int64_t off = len_k(d) - len_q(d);
+    const int64_t lo = std::clamp<int64_t>(j - off, 0, lq);
+    const int64_t hi = p.window > 0 ? std::clamp<int64_t>(j - off + p.window, 0, lq) : lq;
+    return {lo, std::max(lo, hi)};
   }
 };
 
@@ -95,7 +106,8 @@ void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q
       for (int64_t r = rb; r < re; ++r) {
         int64_t t = r / Hq, h = r % Hq, hk = h / g.group;
         int d = g.doc_of_q[t];
-        int64_t n = g.visible(d, t - g.cu_q[d], p.causal);
+        const Docs::Range kr = g.keys_of(d, t - g.cu_q[d], p);
+        const int64_t n = kr.hi - kr.lo;
         T* orow = po + r * D;
         if (n == 0) {
           for (int64_t e = 0; e < D; ++e) orow[e] = elem_from_double<T>(0.0);
@@ -103,7 +115,7 @@ void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q
           continue;
         }
         load_row(qrow.data(), pq + r * D, D);
-        const int64_t k0 = g.cu_k[d];
+        const int64_t k0 = g.cu_k[d] + kr.lo;  // first visible key (global row)
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < n; ++j) {
           s[j] = p.softmax_scale * dot_row(qrow.data(), pk + ((k0 + j) * Hkv + hk) * D, D);
@@ -155,13 +167,13 @@ void attention_backward_cpu(const Tensor& dq, const Tensor& dk, const Tensor& dv
       for (int64_t r = rb; r < re; ++r) {
         int64_t t = r / Hq, h = r % Hq, hk = h / g.group;
         int d = g.doc_of_q[t];
-        int64_t n = g.visible(d, t - g.cu_q[d], p.causal);
+        const Docs::Range vis = g.keys_of(d, t - g.cu_q[d], p);
         std::fill(acc.begin(), acc.end(), 0.0);
-        if (n > 0) {
+        if (vis.hi > vis.lo) {
           load_row(qrow.data(), pq + r * D, D);
           load_row(dorow.data(), pdo + r * D, D);
           const double l = pl[r];
-          for (int64_t j = 0; j < n; ++j) {
+          for (int64_t j = vis.lo; j < vis.hi; ++j) {
             int64_t kr = (g.cu_k[d] + j) * Hkv + hk;
             double pij = std::exp(scale * dot_row(qrow.data(), pk + kr * D, D) - l);
             double ds = pij * (dot_row(dorow.data(), pv + kr * D, D) - delta[r]);
@@ -183,12 +195,12 @@ void attention_backward_cpu(const Tensor& dq, const Tensor& dk, const Tensor& dv
         int64_t j = t - g.cu_k[d];
         std::fill(dka.begin(), dka.end(), 0.0);
         std::fill(dva.begin(), dva.end(), 0.0);
-        int64_t i0 = g.first_query(d, j, p.causal), lq = g.len_q(d);
-        if (i0 < lq) {
+        const Docs::Range qs = g.queries_of(d, j, p);
+        if (qs.lo < qs.hi) {
           load_row(krow.data(), pk + r * D, D);
           load_row(vrow.data(), pv + r * D, D);
         }
-        for (int64_t i = i0; i < lq; ++i) {
+        for (int64_t i = qs.lo; i < qs.hi; ++i) {
           for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
             int64_t qr = (g.cu_q[d] + i) * Hq + h;
             const T* qp = pq + qr * D;

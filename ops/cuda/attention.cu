@@ -31,6 +31,7 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
   f.head_dim = static_cast<int>(q.shape()[2]);
   f.softmax_scale = static_cast<float>(p.softmax_scale);
   f.causal = p.causal;
+  f.window = static_cast<int>(p.window);  // 0 = none; the op layer clamps it to the longest key document
   f.dtype = q.dtype() == DType::BF16 ? cuda::AttnDType::BF16 : cuda::AttnDType::F16;
   f.total_q = static_cast<int>(q.shape()[0]);
   f.total_k = static_cast<int>(k.shape()[0]);

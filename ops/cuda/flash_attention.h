@@ -1,5 +1,5 @@
 // Flash attention (FA2 algorithm, mma.sync) over raw device pointers: forward and backward,
-// causal (bottom-right aligned per document) and bidirectional, GQA, packed variable-length
+// causal (bottom-right aligned per document, optionally a sliding window) and bidirectional, GQA, packed variable-length
 // documents given by cumulative offsets. Private launcher API; the Tensor-level op wraps it.
 //
 // Layouts: q/out/dout/dq [total_q, Hq, D], k/v/dk/dv [total_k, Hkv, D], lse [total_q, Hq] (f32,
@@ -39,6 +39,10 @@ struct FlashAttentionParams {
   // Rows of q and of k/v (tokens). Optional (0 = not given): the TMA forward needs them to bound
   // its tensor maps and is skipped without them.
   int total_q = 0, total_k = 0;
+  // Sliding window (causal only; 0 = none): key j visible to query i iff i + off - window < j <= i + off
+  // (off = len_k - len_q), transformers' sliding_window. Every kernel skips the key tiles (forward) and
+  // query tiles (backward) wholly outside it and masks the partial tiles at both edges.
+  int window = 0;
 };
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);

@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
 
     // P^T and dS^T (f32), masked where the key is invisible or the row/key is padding. The mask
     // test is hoisted out of the element loops (two straight-line copies), as in the tiled kernel.
-    const bool need_mask = (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
+    const bool need_mask = (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
+                           tile_crosses_window(p, m0 + kBr - 1, n0, off);
     auto softmax = [&](auto masked) {
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
           if constexpr (decltype(masked)::value) {
             const int j = key_lo + (e >= 2 ? 8 : 0);
             const int i = m0 + qi;
-            pv = (i >= len_q || j >= len_k || (p.causal && j > i + off)) ? 0.f : pv;
+            pv = (i >= len_q || j >= len_k || (p.causal && j > i + off) || before_window(p, i, j, off)) ? 0.f : pv;
           }
           s[nt][e] = pv;
           dp[nt][e] = pv * (dp[nt][e] - dlt[qi]);

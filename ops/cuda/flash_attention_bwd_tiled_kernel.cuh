@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
       // The mask test is hoisted out of the element loops (two straight-line copies of the loop):
       // a per-element branch would serialise the exp2s and cost two instructions per element.
       const bool need_mask =
-          (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
+          (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
+          tile_crosses_window(p, m0 + kBr - 1, n0, off);
       uint8_t* sbase = smem + (sP - sK);
       auto softmax_to_smem = [&](auto masked) {
 #pragma unroll
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_tiled_kernel(const BwdArgs a
               if constexpr (decltype(masked)::value) {
                 const int j = n0 + kr + (e >= 2 ? 8 : 0);
                 const int i = m0 + qi;
-                x = (i >= len_q || j >= len_k || (p.causal && j > i + off)) ? 0.f : x;
+                x = (i >= len_q || j >= len_k || (p.causal && j > i + off) || before_window(p, i, j, off)) ? 0.f : x;
               }
               pv[e] = x;
               ds[e] = x * (dp[mt][nt][e] - dlt[qi]);

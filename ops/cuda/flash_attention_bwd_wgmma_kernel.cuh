@@ -6,7 +6,7 @@
 // kernels). Head dim 128 uses kBr = 64, head dim 64 kBr = 128. Per query tile and warpgroup:
 //   S^T  = K Q^T    wgmma m64n{kBr}k16, K and Q K-major from 128-byte-swizzled shared tiles;
 //   dP^T = V dO^T   same;
-//   P^T  = exp2(S^T * scale * log2e - lse2) (masked: causal bottom-right, document ends),
+//   P^T  = exp2(S^T * scale * log2e - lse2) (masked: causal bottom-right, sliding window, document ends),
 //   dS^T = P^T (dP^T - delta), both packed to 16-bit A fragments in registers;
 //   dV  += P^T dO   wgmma m64n{kD}k16, A from registers, dO [query][d] read MN-major;
 //   dK  += dS^T Q   same with Q;
@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
   };
   auto compute_p = [&](int buf, int m0, const float2 (&lse)[kBr / 8]) {
-    const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off);
+    const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off) ||
+                           tile_crosses_window(p, m0 + kBr - 1, n0w, off);
     auto body = [&](auto masked) {
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j) {
@@ -154,7 +155,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
             const int key = n0w + key_lo + (e >= 2 ? 8 : 0);
             const int qi = m0 + 8 * j + 2 * c + (e & 1);
             // Bitwise, not short-circuit: one select per element, no branches.
-            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > qi + off));
+            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > qi + off)) |
+                              ((p.window > 0) & (key <= qi + off - p.window));
             x = dead ? 0.f : x;
           }
           s[4 * j + e] = x;

@@ -138,11 +138,20 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, in
 }
 
 // The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
-// first, z = document) and the key tiles it visits; key j is visible to query i iff j <= i + off
-// (causal, bottom-right aligned).
+// first, z = document) and the key tiles it visits, n_first .. n_blocks - 1; key j is visible to
+// query i iff j <= i + off (causal, bottom-right aligned) and, with a window, j > i + off - window.
 struct FwdTile {
-  int h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks;
+  int h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first;
 };
+
+// Sliding-window mask of one score: key j lies before the window of query i (p.window > 0 only).
+__device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int i, int j, int off) {
+  return p.window > 0 && j <= i + off - p.window;
+}
+// Whether a [rows up to i_max] x [keys from j_min] tile holds any score before the window.
+__device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
+  return p.window > 0 && j_min <= i_max + off - p.window;
+}
 template <int kBr, int kBc>
 __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   FwdTile t;
@@ -157,12 +166,15 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   t.off = t.len_k - t.len_q;
   const int n_end = p.causal ? min(t.len_k, t.m0 + kBr + t.off) : t.len_k;
   t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
+  // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
+  t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
   return t;
 }
 
 // Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query
-// tiles it walks: tiles_per_head kBr-row tiles (from tile m_begin; causal skips the queries that
-// see none of these keys) of each of the `group` query heads sharing the KV head, n_iter in all.
+// tiles it walks: tiles_per_head kBr-row tiles (from tile m_begin; causal skips the queries before
+// these keys, a window the queries past them) of each of the `group` query heads sharing the KV
+// head, n_iter in all.
 struct BwdTile {
   int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
 };
@@ -177,7 +189,12 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
   t.group = p.num_heads_q / p.num_heads_kv;
   t.off = t.len_k - t.len_q;
   t.m_begin = p.causal ? max(0, t.n0 - t.off) / kBr : 0;
-  t.tiles_per_head = max(0, (t.len_q + kBr - 1) / kBr - t.m_begin);
+  int m_end = (t.len_q + kBr - 1) / kBr;
+  if (p.window > 0) {  // the last query that sees key n0 + kBc - 1 is n0 + kBc - 2 - off + window
+    const int i_last = t.n0 + kBc - 2 - t.off + p.window;
+    m_end = i_last < 0 ? 0 : min(m_end, i_last / kBr + 1);
+  }
+  t.tiles_per_head = max(0, m_end - t.m_begin);
   t.n_iter = t.tiles_per_head * t.group;
   return t;
 }

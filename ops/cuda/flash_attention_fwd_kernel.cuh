@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc>(p);
   if (m0 >= len_q) return;
   const int D = p.head_dim;
 
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
   for (int mt = 0; mt < kMT; ++mt) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
 
-  if (n_blocks > 0) {
+  if (n_blocks > n_first) {
     load_tile_async<kBr, kD, kThreads>(sQ, q_tile, q_stride, len_q - m0, D, tid);
     {
       const int n0 = (n_blocks - 1) * kBc;
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
     cp_async_commit();
   }
 
-  for (int nb = n_blocks - 1; nb >= 0; --nb) {
+  for (int nb = n_blocks - 1; nb >= n_first; --nb) {
     const int n0 = nb * kBc;
     cp_async_wait<0>();
     __syncthreads();  // K tile (and Q) visible; previous P V done with sV
@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
       }
     }
 
-    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off);
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
+                           tile_crosses_window(p, m0 + kBr - 1, n0, off);
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
           for (int e = 0; e < 4; ++e) {
             const int i = m0 + wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
             const int j = n0 + nt * 8 + 2 * c + (e & 1);
-            if (j >= len_k || (p.causal && j > i + off)) s[mt][nt][e] = -INFINITY;
+            if (j >= len_k || (p.causal && j > i + off) || before_window(p, i, j, off)) s[mt][nt][e] = -INFINITY;
           }
     }
 
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
 
     cp_async_wait<0>();
     __syncthreads();  // V tile visible; every warp is done reading sK
-    if (nb > 0) {
+    if (nb > n_first) {
       const int n0n = (nb - 1) * kBc;
       load_tile_async<kBc, kD, kThreads>(sK, k_head + n0n * kv_stride, kv_stride, len_k - n0n, D, tid);
       cp_async_commit();

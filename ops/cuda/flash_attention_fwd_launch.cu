@@ -39,6 +39,9 @@ void check_params(const FlashAttentionParams& p) {
                 ")");
   KESTREL_CHECK(p.head_dim > 0 && p.head_dim <= 256 && p.head_dim % 8 == 0, "flash_attention",
                 "head_dim must be a multiple of 8 in [8, 256], got ", p.head_dim);
+  KESTREL_CHECK(p.window >= 0, "flash_attention", "window must be >= 0 (0 = none), got ", p.window);
+  KESTREL_CHECK(p.window == 0 || p.causal, "flash_attention",
+                "a sliding window is implemented for causal attention only (window ", p.window, ", causal false)");
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   KESTREL_CHECK(aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out), "flash_attention",
                 "q, k, v and out must be 16-byte aligned");

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc>(p);
+  const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
   if (m0 >= len_q) return;
   // The loads are issued by the first thread of the last warpgroup: under ping-pong scheduling that
   // warpgroup runs behind, so the slots it releases are the last ones freed and it never waits.
@@ -85,10 +86,10 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     fence_mbarrier_init();
   }
   __syncthreads();
-  if (producer && n_blocks > 0) {
+  if (producer && n_tiles > 0) {
     mbar_arrive_expect_tx(barQ, kQBytes);
     tma_load_tile<kBr, kD>(sQ, &tq, barQ, h, q_start + m0);
-    for (int j = 0; j < kStages && j < n_blocks; ++j) {
+    for (int j = 0; j < kStages && j < n_tiles; ++j) {
       load_k(j);
       load_v(j);
     }
@@ -106,8 +107,9 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto issue_pv = [&](int slot) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + slot * kKVBytes); };
   auto softmax = [&](int j, float (&alpha)[2]) {
     const int n0 = (n_blocks - 1 - j) * kBc;
-    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);
-    sm.step(s, n0, need_mask, len_k, p.causal, row_base, off, c, sl2, alpha);
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
+                           tile_crosses_window(p, wg_row0 + 63, n0, off);
+    sm.step(s, n0, need_mask, len_k, p.causal, p.window, row_base, off, c, sl2, alpha);
   };
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     __syncthreads();
   };
 
-  if (n_blocks > 0) {
+  if (n_tiles > 0) {
     mbar_wait(barQ, 0);
     mbar_wait(full_k(0), 0);
     wgmma_fence();
@@ -140,15 +142,15 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     float alpha[2];
     softmax(0, alpha);
     wgmma_pack_p<T, kBc>(s, pa);
-    if (producer && kStages < n_blocks) {
+    if (producer && kStages < n_tiles) {
       mbar_wait(empty_k(0), 0);
       load_k(kStages);
     }
 
     if constexpr (kPingPong) {
-      if (wg == 1 && n_blocks > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
+      if (wg == 1 && n_tiles > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
     }
-    for (int it = 1; it < n_blocks; ++it) {
+    for (int it = 1; it < n_tiles; ++it) {
       const int slot = it % kStages, pslot = (it - 1) % kStages;
       mbar_wait(full_k(slot), phase(it));
       mbar_wait(full_v(pslot), phase(it - 1));
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
       issue_qk(slot);
       issue_pv(pslot);
       if constexpr (kPingPong) {
-        if (!(wg == 1 && it == n_blocks - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
+        if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
       }
       wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
       fence_regs(s);
@@ -173,18 +175,18 @@ __global__ void __launch_bounds__(kWG * 128, 1)
       wgmma_rescale_o<kD>(o, alpha);
       wgmma_pack_p<T, kBc>(s, pa);
       if (producer) {  // refill the two slots released in this iteration
-        if (it + kStages < n_blocks) {
+        if (it + kStages < n_tiles) {
           mbar_wait(empty_k(slot), phase(it));
           load_k(it + kStages);
         }
-        if (it - 1 + kStages < n_blocks) {
+        if (it - 1 + kStages < n_tiles) {
           mbar_wait(empty_v(pslot), phase(it - 1));
           load_v(it - 1 + kStages);
         }
       }
     }
 
-    const int last = n_blocks - 1;
+    const int last = n_tiles - 1;
     mbar_wait(full_v(last % kStages), phase(last));
     if (last == 0) clear_v_tail();
     wgmma_fence();

@@ -41,11 +41,11 @@ struct WgmmaSoftmaxRows {
   float m[2] = {-INFINITY, -INFINITY};  // running row maxima of the raw scores
   float l[2] = {0.f, 0.f};              // running row sums of exp2((s - m) * sl2), per thread's columns
 
-  // Masks S of the key block starting at n0 where need_mask holds (keys past len_k, or causal:
-  // key > row + off), updates m/l, turns S into unnormalised P (f32) and returns in alpha the
-  // factors that rescale O.
+  // Masks S of the key block starting at n0 where need_mask holds (keys past len_k, causal:
+  // key > row + off, a window > 0: key <= row + off - window), updates m/l, turns S into
+  // unnormalised P (f32) and returns in alpha the factors that rescale O.
   __device__ __forceinline__ void step(float (&s)[kBc / 2], int n0, bool need_mask, int len_k, bool causal,
-                                       int row_base, int off, int c, float sl2, float (&alpha)[2]) {
+                                       int window, int row_base, int off, int c, float sl2, float (&alpha)[2]) {
     if (need_mask) {
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j)
@@ -53,7 +53,8 @@ struct WgmmaSoftmaxRows {
         for (int e = 0; e < 4; ++e) {
           const int i = row_base + (e >= 2 ? 8 : 0);
           const int col = n0 + j * 8 + 2 * c + (e & 1);
-          if (col >= len_k || (causal && col > i + off)) s[4 * j + e] = -INFINITY;
+          if (col >= len_k || (causal && col > i + off) || (window > 0 && col <= i + off - window))
+            s[4 * j + e] = -INFINITY;
         }
     }
 #pragma unroll

@@ -42,7 +42,8 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks] = fwd_tile<kBr, kBc>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc>(p);
+  const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
   if (m0 >= len_q) return;
   const int D = p.head_dim;
   const int wg_row0 = m0 + wg * 64;                   // first query row of this warpgroup
@@ -60,12 +61,12 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   // needs K(it) and V(it - 1), i.e. group it - kStages + 1.
   auto issue_group = [&](int i) {
     const int jk = i + kStages - 1, jv = i + kStages - 2;
-    if (jk < n_blocks) {
+    if (jk < n_tiles) {
       const int n0 = (n_blocks - 1 - jk) * kBc;
       load_tile_sw128<kBc, kD, kThreads>(sK + (jk % kStages) * kKVBytes, k_head + n0 * kv_stride, kv_stride,
                                          len_k - n0, D, tid);
     }
-    if (jv >= 0 && jv < n_blocks) {
+    if (jv >= 0 && jv < n_tiles) {
       const int n0 = (n_blocks - 1 - jv) * kBc;
       load_tile_sw128<kBc, kD, kThreads>(sV + (jv % kStages) * kKVBytes, v_head + n0 * kv_stride, kv_stride,
                                          len_k - n0, D, tid);
@@ -85,12 +86,13 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
   auto issue_pv = [&](int stage) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + stage * kKVBytes); };
   auto softmax = [&](int nb, float (&alpha)[2]) {
     const int n0 = nb * kBc;
-    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off);
-    sm.step(s, n0, need_mask, len_k, p.causal, row_base, off, c, sl2, alpha);
+    const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
+                           tile_crosses_window(p, wg_row0 + 63, n0, off);
+    sm.step(s, n0, need_mask, len_k, p.causal, p.window, row_base, off, c, sl2, alpha);
   };
   auto pack_p = [&] { wgmma_pack_p<T, kBc>(s, pa); };
 
-  if (n_blocks > 0) {
+  if (n_tiles > 0) {
     // Prologue: Q and K(0), groups -(kStages-2)..-1, then group 0 in flight during S(0).
     const T* q_tile = q + (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
     load_tile_sw128<kBr, kD, kThreads>(sQ, q_tile, q_stride, len_q - m0, D, tid);
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     softmax(n_blocks - 1, alpha);
     pack_p();
 
-    for (int it = 1; it < n_blocks; ++it) {
+    for (int it = 1; it < n_tiles; ++it) {
       const int nb = n_blocks - 1 - it;  // key block of S in this iteration
       cp_async_wait<kStages - 2>();  // K(it) and V(it - 1) of this thread landed
       fence_proxy_async();
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) flash_fwd_wgmma_kernel(const Fla
     fence_proxy_async();
     __syncthreads();
     wgmma_fence();
-    issue_pv((n_blocks - 1) % kStages);
+    issue_pv((n_tiles - 1) % kStages);
     wgmma_wait<0>();
     fence_regs(o);
   }

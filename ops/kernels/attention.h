@@ -20,6 +20,7 @@ struct AttentionParams {
   int64_t max_seqlen_k = 0;  // the longest key document
   double softmax_scale = 0;  // resolved (never 0 here)
   bool causal = true;        // bottom-right aligned per document
+  int64_t window = 0;        // sliding window in keys (causal only; 0 = none), see kestrel/ops/attention.h
 };
 
 // out [total_q, Hq, D] (q's dtype), lse [total_q, Hq] f32 (-inf and out = 0 for a row with no key).

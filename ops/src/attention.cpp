@@ -56,12 +56,16 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                 " and cu_seqlens_k ", cu_seqlens_k.str(), " describe different numbers of documents");
   KESTREL_CHECK(options.softmax_scale >= 0, kOp, "softmax_scale must be >= 0 (0 = 1/sqrt(D)), got ",
                 options.softmax_scale);
+  KESTREL_CHECK(options.window <= 0 || options.causal, kOp, "a sliding window (", options.window,
+                ") is implemented for causal attention only; pass causal = true or window = 0");
 
   kernels::AttentionParams p;
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
   p.softmax_scale = options.softmax_scale > 0 ? options.softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
   p.causal = options.causal;
+  // A window covering the longest key document is no window (and fits the kernels' int).
+  p.window = options.window > 0 && options.window < max_seqlen_k ? options.window : 0;
 
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();

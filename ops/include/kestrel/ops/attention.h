@@ -4,8 +4,13 @@
 // head h / (Hq / Hkv)). Documents are given by cumulative offsets cu_seqlens_q/k (i32, [docs + 1],
 // on the device of q); no attention crosses documents. A plain batch is the equal-length case.
 // Causal masking is bottom-right aligned per document (key j visible to query i iff
-// j <= i + len_k - len_q). Never materialises a T x T matrix on the GPU (flash attention); the CPU
-// reference computes one row at a time. Returns the output and the f32 log-sum-exp per (token, head)
+// j <= i + len_k - len_q). A sliding window W (causal only) also hides keys W or more positions
+// behind the aligned diagonal: key j visible iff i + off - W < j <= i + off (off = len_k - len_q),
+// i.e. with equal lengths j <= i and i - j < W, exactly transformers' sliding_window
+// (masking_utils: sliding_window_overlay keeps kv_idx > q_idx - sliding_window on top of the causal
+// kv_idx <= q_idx), so W = 1 sees only the diagonal key and W >= len_k is plain causal. The CUDA
+// kernels skip the tiles outside the window. Never materialises a T x T matrix on the GPU (flash
+// attention); the CPU reference computes one row at a time. Returns the output and the f32 log-sum-exp per (token, head)
 // of the scaled scores (-inf for a row with no visible key, whose output is 0).
 #pragma once
 
@@ -16,6 +21,9 @@ namespace kestrel {
 struct AttentionOptions {
   bool causal = true;
   double softmax_scale = 0.0;  // 0 = 1 / sqrt(D)
+  // Left sliding window in tokens (see above); <= 0 = none. A window with causal = false is refused
+  // (transformers' bidirectional sliding window has a different, symmetric rule; not implemented).
+  int64_t window = 0;
 };
 
 struct AttentionOutput {

@@ -1,0 +1,246 @@
+// attention with a sliding window (AttentionOptions::window): forward and backward against an
+// independent float64 implementation that builds each document's full [len_q, len_k] score matrix
+// with transformers' mask (key j visible to query i iff i + off - W < j <= i + off), gradients also
+// by finite differences in f64; packed documents of different lengths, GQA, cross lengths, windows
+// of 1, smaller and larger than the documents; argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kestrel/autograd/tape.h"
+#include "kestrel/ops/attention.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/reduce.h"
+#include "support/numerics.h"
+
+namespace kestrel {
+namespace {
+using testing::randn;
+
+Tensor cu_from(const std::vector<int64_t>& lens) {
+  std::vector<int64_t> cu{0};
+  for (int64_t l : lens) cu.push_back(cu.back() + l);
+  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
+}
+int64_t total(const std::vector<int64_t>& lens) {
+  int64_t s = 0;
+  for (int64_t l : lens) s += l;
+  return s;
+}
+int64_t max_of(const std::vector<int64_t>& lens) {
+  int64_t m = 0;
+  for (int64_t l : lens) m = std::max(m, l);
+  return m;
+}
+std::vector<double> host_f64(const Tensor& t) {
+  Tensor h = t.to(DType::F64).contiguous();
+  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+}
+// Relative L2 with the reference's RMS floored at 1e-3: with window 1 each row sees one key, so
+// dq and dk are exactly 0 and are compared in absolute terms.
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(b.size())));
+}
+
+// transformers' sliding-window causal mask, written out from its definition (masking_utils:
+// kv_idx <= q_idx and kv_idx > q_idx - sliding_window), with bottom-right alignment.
+bool visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int64_t window) {
+  const int64_t qi = i + len_k - len_q;  // the query's position in key coordinates
+  return j <= qi && (window <= 0 || j > qi - window);
+}
+
+struct Ref {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// Forward and backward on full matrices: P = softmax(masked S), dP = dO V^T,
+// dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<int64_t>& lq,
+              const std::vector<int64_t>& lk, int64_t window) {
+  std::vector<double> Q = host_f64(q), K = host_f64(k), V = host_f64(v), dO = host_f64(dout);
+  const int64_t Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2], G = Hq / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Ref r;
+  r.out.assign(Q.size(), 0.0);
+  r.dq.assign(Q.size(), 0.0);
+  r.dk.assign(K.size(), 0.0);
+  r.dv.assign(V.size(), 0.0);
+  r.lse.assign(q.shape()[0] * Hq, -std::numeric_limits<double>::infinity());
+  int64_t q0 = 0, k0 = 0;
+  for (size_t d = 0; d < lq.size(); ++d) {
+    const int64_t nq = lq[d], nk = lk[d];
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / G;
+      auto qv = [&](int64_t i, int64_t c) { return Q[((q0 + i) * Hq + h) * D + c]; };
+      auto kv = [&](int64_t j, int64_t c) { return K[((k0 + j) * Hkv + hk) * D + c]; };
+      auto vv = [&](int64_t j, int64_t c) { return V[((k0 + j) * Hkv + hk) * D + c]; };
+      auto gv = [&](int64_t i, int64_t c) { return dO[((q0 + i) * Hq + h) * D + c]; };
+      std::vector<double> P(nq * nk, 0.0);
+      for (int64_t i = 0; i < nq; ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        std::vector<double> s(nk, -std::numeric_limits<double>::infinity());
+        for (int64_t j = 0; j < nk; ++j) {
+          if (!visible(i, j, nq, nk, window)) continue;
+          double x = 0;
+          for (int64_t c = 0; c < D; ++c) x += qv(i, c) * kv(j, c);
+          s[j] = x * scale;
+          m = std::max(m, s[j]);
+        }
+        if (std::isinf(m)) continue;
+        double z = 0;
+        for (int64_t j = 0; j < nk; ++j) z += std::exp(s[j] - m);
+        r.lse[(q0 + i) * Hq + h] = m + std::log(z);
+        for (int64_t j = 0; j < nk; ++j) P[i * nk + j] = std::exp(s[j] - m) / z;
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        std::vector<double> dp(nk, 0.0);
+        double rowdot = 0;
+        for (int64_t j = 0; j < nk; ++j) {
+          if (P[i * nk + j] == 0) continue;
+          for (int64_t c = 0; c < D; ++c) {
+            r.out[((q0 + i) * Hq + h) * D + c] += P[i * nk + j] * vv(j, c);
+            dp[j] += gv(i, c) * vv(j, c);
+          }
+          rowdot += dp[j] * P[i * nk + j];
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          const double pij = P[i * nk + j];
+          if (pij == 0) continue;
+          const double ds = pij * (dp[j] - rowdot);
+          for (int64_t c = 0; c < D; ++c) {
+            r.dq[((q0 + i) * Hq + h) * D + c] += scale * ds * kv(j, c);
+            r.dk[((k0 + j) * Hkv + hk) * D + c] += scale * ds * qv(i, c);
+            r.dv[((k0 + j) * Hkv + hk) * D + c] += pij * gv(i, c);
+          }
+        }
+      }
+    }
+    q0 += nq;
+    k0 += nk;
+  }
+  return r;
+}
+
+void check(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t Hq, int64_t Hkv, int64_t D,
+           int64_t window, DType dt) {
+  SCOPED_TRACE(::testing::Message() << "window=" << window << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
+                                    << " docs=" << lq.size() << " dtype=" << dtype_name(dt));
+  Tensor q = randn({total(lq), Hq, D}, dt).set_requires_grad(true);
+  Tensor k = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor v = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor dout = randn({total(lq), Hq, D}, dt);
+  AttentionOptions o;
+  o.window = window;
+  AttentionOutput r = attention(q, k, v, cu_from(lq), cu_from(lk), max_of(lq), max_of(lk), o);
+  autograd::backward(sum(mul(r.out, dout)));
+  Ref ref = reference(q, k, v, dout, lq, lk, window);
+  // f64: the output to rounding; the gradients recompute P from the saved lse, which is f32 (as on
+  // the GPU), so they carry its ~1e-7 relative rounding.
+  const double tol = dt == DType::F64 ? 1e-11 : 2 * testing::dtype_tolerance(dt);
+  const double gtol = dt == DType::F64 ? 1e-6 : 2 * testing::dtype_tolerance(dt);
+  EXPECT_LT(rel_err(host_f64(r.out), ref.out), tol);
+  EXPECT_LT(rel_err(host_f64(q.grad()), ref.dq), gtol);
+  EXPECT_LT(rel_err(host_f64(k.grad()), ref.dk), gtol);
+  EXPECT_LT(rel_err(host_f64(v.grad()), ref.dv), gtol);
+  std::vector<double> lse = host_f64(r.lse);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i]))) << "row " << i;
+    }
+  }
+}
+
+TEST(AttentionWindow, PackedDocumentsAgainstFullMatrixReference) {
+  const std::vector<int64_t> lens{37, 1, 64, 5, 100};  // windows below, inside and past each length
+  for (int64_t w : {1, 2, 7, 16, 63, 64, 99, 100, 500}) check(lens, lens, 4, 2, 16, w, DType::F64);
+}
+
+TEST(AttentionWindow, GqaAndDtypes) {
+  const std::vector<int64_t> lens{29, 70, 3};
+  for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {6, 2}, {4, 4}}) {
+    check(lens, lens, hq, hkv, 8, 5, DType::F64);
+    check(lens, lens, hq, hkv, 32, 24, DType::F32);
+  }
+  check(lens, lens, 4, 2, 64, 17, DType::BF16);
+  check(lens, lens, 4, 1, 64, 9, DType::F16);
+}
+
+TEST(AttentionWindow, CrossLengthsBottomRight) {
+  // len_k > len_q (keys before the window of every query: whole key blocks get no gradient) and
+  // len_q > len_k (rows with no visible key).
+  check({3, 6, 10}, {40, 4, 10}, 4, 2, 8, 5, DType::F64);
+  check({3, 6, 10}, {40, 4, 10}, 4, 2, 8, 1, DType::F64);
+  check({12}, {30}, 2, 1, 8, 100, DType::F64);
+}
+
+TEST(AttentionWindow, GradcheckF64) {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases{
+      {{6}, {6}}, {{1, 5, 9}, {1, 5, 9}}, {{3, 4}, {7, 2}}};
+  for (const auto& [lq, lk] : cases)
+    for (int64_t w : {1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "window=" << w << " docs=" << lq.size());
+      Tensor cq = cu_from(lq), ck = cu_from(lk);
+      AttentionOptions o;
+      o.window = w;
+      EXPECT_TRUE(testing::gradcheck(
+          [&](const std::vector<Tensor>& in) {
+            return attention(in[0], in[1], in[2], cq, ck, max_of(lq), max_of(lk), o).out;
+          },
+          {randn({total(lq), 4, 3}, DType::F64), randn({total(lk), 2, 3}, DType::F64),
+           randn({total(lk), 2, 3}, DType::F64)}));
+    }
+}
+
+TEST(AttentionWindow, WindowOneCopiesTheDiagonalValue) {
+  Tensor q = randn({9, 2, 8}), k = randn({9, 1, 8}), v = randn({9, 1, 8});
+  AttentionOptions o;
+  o.window = 1;
+  Tensor out = attention(q, k, v, cu_from({4, 5}), 5, o);
+  std::vector<float> ov = out.to_float_vector(), vv = v.to_float_vector();
+  for (int64_t t = 0; t < 9; ++t)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t c = 0; c < 8; ++c) EXPECT_FLOAT_EQ(ov[(t * 2 + h) * 8 + c], vv[t * 8 + c]);
+}
+
+TEST(AttentionWindow, WindowCoveringTheDocumentIsPlainCausal) {
+  Tensor q = randn({30, 4, 16}), k = randn({30, 2, 16}), v = randn({30, 2, 16});
+  Tensor cu = cu_from({12, 18});
+  AttentionOptions w;
+  w.window = 18;
+  EXPECT_EQ(testing::rel_l2(attention(q, k, v, cu, 18, w), attention(q, k, v, cu, 18)), 0.0);
+  w.window = 17;  // one key less for the last row of the longer document
+  EXPECT_GT(testing::rel_l2(attention(q, k, v, cu, 18, w), attention(q, k, v, cu, 18)), 0.0);
+}
+
+TEST(AttentionWindow, Errors) {
+  Tensor q = randn({6, 4, 8}), k = randn({6, 2, 8}), v = randn({6, 2, 8});
+  AttentionOptions o;
+  o.causal = false;
+  o.window = 3;
+  try {
+    attention(q, k, v, cu_from({6}), 6, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[attention] a sliding window (3) is implemented for causal attention only"),
+              std::string::npos)
+        << e.what();
+  }
+  o.window = 0;  // bidirectional without a window still runs; a window <= 0 is none
+  EXPECT_NO_THROW(attention(q, k, v, cu_from({6}), 6, o));
+  o.causal = true;
+  o.window = -4;
+  EXPECT_EQ(testing::rel_l2(attention(q, k, v, cu_from({6}), 6, o), attention(q, k, v, cu_from({6}), 6)), 0.0);
+}
+
+}  // namespace
+}  // namespace kestrel
