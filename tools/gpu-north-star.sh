@@ -10,6 +10,9 @@
 #   second : the 9B inside 40 GiB, accumulation 1 (NS_STEPS1, 20) and 8 (NS_STEPS8, 4)
 #   all    : small + second
 #   acc8   : tests + the 9B inside 40 GiB at accumulation 8 (NS_STEPS8 steps), with its plan
+#   compact: the compact-optimizer tests (q8 moments, bf16 without master, step in backward: issue 21),
+#            the plan, the 1.5B compact vs exact at 8k, then the 9B / 250k / 8k decoder inside 24 GiB
+#            (configs/llama_9b_250k_8k_compact.json, NS_STEPSC steps, default 20)
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
 # Building BIN on the device (about 45 s on its 16 cores), from the repository root:
 #   cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_BUILD_TESTS=ON &&
@@ -46,11 +49,23 @@ run() {  # run LABEL TIMEOUT CONFIG [--set k=v ...]
 # The in-place accumulation of the vocabulary-sized gradients and the lse-based fused CE backward.
 [ -x "$B/test_ops_cuda" ] && "$B/test_ops_cuda" --gtest_brief=1 \
   --gtest_filter='FusedCrossEntropyBackwardCuda*:EmbeddingCuda*:CudaOpTable*:*FusedLinearCrossEntropy*' 2>&1 | tail -n 4
+if [ "$MODE" = compact ]; then
+  "$B/test_ops" --gtest_brief=1 --gtest_filter='Q8Code*:AdamWQ8*:AdamWNoMaster*:AdamW.*' 2>&1 | tail -n 3
+  "$B/test_ops_cuda" --gtest_brief=1 --gtest_filter='CudaParity.AdamW*' 2>&1 | tail -n 3
+  "$B/test_train" --gtest_brief=1 --gtest_filter='AdamWCompact*' 2>&1 | tail -n 3
+fi
 [ "$MODE" = tests ] && exit 0
 
 S1=${NS_STEPS1:-12}
 S8=${NS_STEPS8:-4}
-if [ "$MODE" != second ] && [ "$MODE" != acc8 ]; then
+if [ "$MODE" = compact ]; then
+  "$B/kestrel-mem" plan --config configs/llama_9b_250k_8k_compact.json 2>&1 | tee "$LOGS/plan_9b_compact.log" | tail -n 16
+  run 1b5_exact 150 configs/llama_1b5_8k.json --set train.steps=10 --set train.grad_clip=0 --set out_dir=runs/1b5_exact
+  run 1b5_compact 150 configs/llama_1b5_8k_compact.json --set train.steps=10 --set out_dir=runs/1b5_compact
+  run 9b_24g_compact 420 configs/llama_9b_250k_8k_compact.json --set train.steps="${NS_STEPSC:-20}" \
+    --warmup 1 --set out_dir=runs/9b_compact
+fi
+if [ "$MODE" != second ] && [ "$MODE" != acc8 ] && [ "$MODE" != compact ]; then
   run 1b5_none 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=none --set out_dir=runs/1b5_none
   run 1b5_host 150 configs/llama_1b5_8k.json --set train.steps=10 --set optimizer.offload=host --set out_dir=runs/1b5_host
 fi

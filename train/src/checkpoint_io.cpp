@@ -88,7 +88,8 @@ void write_optimizer_state(const fs::path& path, const AdamW& optim, OptimizerSt
   host.reserve(state.size());
   for (auto& [name, t] : state) {
     Tensor h = t.to(Device::cpu()).contiguous();
-    if (form == OptimizerStateForm::Bf16 && h.dtype() != DType::BF16) h = h.to(DType::BF16);
+    // Only f32 state shrinks; 8-bit codes (optimizer.state_dtype "q8") and bf16 stay as they are.
+    if (form == OptimizerStateForm::Bf16 && h.dtype() == DType::F32) h = h.to(DType::BF16);
     host.push_back(h);
     entries.push_back({name, host.back().dtype(), host.back().shape(), host.back().data_ptr()});
   }
@@ -143,7 +144,8 @@ uint64_t checkpoint_bytes(const models::ParameterList& params, const AdamW& opti
   uint64_t bytes = static_cast<uint64_t>(params.nbytes()) + 256 * params.size();
   if (form != OptimizerStateForm::None) {
     for (auto& [name, t] : optim.state()) {
-      bytes += 256 + (form == OptimizerStateForm::Bf16 ? static_cast<uint64_t>(t.numel()) * 2 : t.nbytes());
+      bytes += 256 + (form == OptimizerStateForm::Bf16 && t.dtype() == DType::F32 ? static_cast<uint64_t>(t.numel()) * 2
+                                                                                : t.nbytes());
     }
   }
   return bytes + (uint64_t{1} << 20);  // trainer_state.json (the config), manifest, index

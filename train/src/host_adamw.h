@@ -28,4 +28,23 @@ struct HostAdamWConstants {
 void host_adamw_update(float* master, void* m, void* v, DType state_dtype, const void* grad, DType grad_dtype,
                        void* out, DType out_dtype, int64_t n, const HostAdamWConstants& c);
 
+// 8-bit block-wise moments (optimizer.state_dtype "q8", kestrel/ops/adamw_q8.h) of a range that
+// starts on a quantisation block: codes and scales from there, `index0` the range's first element
+// in the whole tensor (the Philox draw of element i is word index0 + i), `moment_seed` as
+// adamw_step_q8's.
+struct HostQ8State {
+  uint8_t* m_codes;
+  uint8_t* v_codes;
+  float* m_scale;
+  float* v_scale;
+  uint64_t index0, moment_seed;
+};
+
+// AdamW with q8 moments on the host: master[0, n) and the codes/scales of the blocks covering it,
+// bit-identical to adamw_step_q8 on the CPU or CUDA (the same element arithmetic, the same code).
+// Per block: dequantise + update into a local buffer (a loop without branches), then the block's
+// absmax and the codes. Single-threaded: callers split the range along blocks.
+void host_adamw_q8_update(float* master, const HostQ8State& q, const void* grad, DType grad_dtype, void* out,
+                          DType out_dtype, int64_t n, const HostAdamWConstants& c);
+
 }  // namespace kestrel::train

@@ -126,13 +126,16 @@ class Planner {
   }
   // Backward through one recorded layer; `g` [T, C] arrives (live), the layer input's gradient
   // leaves (live). Frees the layer's saved tensors and allocates its parameter gradients.
+  int64_t layer_param_grads = 0;  // parameter gradients of the last decoder layer's backward
   void decoder_layer_backward(bool params_first_time, bool free_input) {
+    layer_param_grads = 0;
     const int64_t T = s_.T, b = s_.b, TC = T * C_ * b, TI = T * I_ * b;
     // The first micro-batch's parameter gradients stay (they become .grad); later ones are added into
     // them and go at once.
     auto pgrad = [&](int64_t bytes) {
       led.alloc(kGrad, bytes);
       if (!params_first_time) led.free(kGrad, bytes);
+      else layer_param_grads += bytes;  // optimizer.step_in_backward drops them after the layer
     };
     // In a region's backward the incoming gradient stays referenced by the closure until it
     // returns, and the region input is a leaf of the inner tape: its first gradient is a clone,
@@ -412,21 +415,35 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.alloc(MemoryTag::Parameter, last * 4);
     L.free(MemoryTag::Parameter, last * 4);
   }
-  // AdamW state (train/src/optimizer.cpp): f32 moments, plus f32 masters for 16-bit parameters, on
-  // the device; with optimizer.offload "host" (CUDA) master + moments live in host memory instead and
-  // the device holds nothing of it; the host also pins 2 x staging_slots x staging_slot_mib.
-  plan.optimizer_offload = cfg["optimizer"]["offload"].get<std::string>();
-  // f32 master + two moments of optimizer.state_dtype (f32 or bf16) per parameter.
-  const int64_t host_state_per_param =
-      4 + 2 * static_cast<int64_t>(dtype_size(parse_optimizer_state_dtype(cfg["optimizer"]["state_dtype"])));
-  if (plan.optimizer_offload == "host" && on_cuda) {
-    plan.host_optimizer_state = plan.parameters * host_state_per_param;
-    plan.host_pinned = 2 * cfg["optimizer"]["staging_slots"].get<int64_t>() *
-                       (cfg["optimizer"]["staging_slot_mib"].get<int64_t>() << 20);
-  } else if (plan.optimizer_offload == "host") {
-    L.alloc(MemoryTag::OptimizerState, plan.parameters * host_state_per_param);  // CPU parameters: host memory anyway
+  // AdamW state (train/src/optimizer.cpp, one rule: optimizer_state_bytes_per_param): moments (f32,
+  // or q8: 2 bytes + two f32 scales per 2048), plus f32 masters for 16-bit parameters unless
+  // optimizer.master_weights is "none", on the device; with optimizer.offload "host" (CUDA) the
+  // f32 master + moments live in host memory instead and the device holds nothing of it; the host
+  // also pins 2 x staging_slots x staging_slot_mib.
+  const OptimizerPlacement placement = optimizer_placement_from_config(cfg, on_cuda ? Device::cuda(0) : Device::cpu());
+  const OptimizerStateBytes per_param = optimizer_state_bytes_per_param(placement, dtype, on_cuda);
+  const bool step_in_backward = placement.step_in_backward;
+  // optimizer.gradients "host" (train/src/gradient_stream.h) copies each gradient out at the hook where
+  // step_in_backward would update it: on the device both drop it at the same point.
+  const bool stream_grads = on_cuda && cfg["optimizer"]["gradients"] == "host";
+  const bool drop_grads = step_in_backward || stream_grads;
+  if (stream_grads) plan.host_gradients = plan.parameters * b;
+  plan.optimizer_offload = optimizer_offload_name(placement.offload);
+  plan.master_weights = master_weights_name(placement.master_weights);
+  plan.state_dtype = optimizer_state_dtype_name(placement.state_dtype);
+  plan.step_in_backward = step_in_backward;
+  plan.bytes_per_param_weights = static_cast<double>(b);
+  plan.bytes_per_param_grads = step_in_backward ? 0.0 : static_cast<double>(b);
+  plan.bytes_per_param_device_state = per_param.device;
+  plan.bytes_per_param_host_state = per_param.host;
+  const auto state_bytes = [&](double per) { return static_cast<int64_t>(std::ceil(per * static_cast<double>(plan.parameters))); };
+  if (placement.offload == OptimizerOffload::Host && on_cuda) {
+    plan.host_optimizer_state = state_bytes(per_param.host);
+    plan.host_pinned = 2 * static_cast<int64_t>(placement.staging_slots) * placement.staging_slot_bytes;
+  } else if (placement.offload == OptimizerOffload::Host) {
+    L.alloc(MemoryTag::OptimizerState, state_bytes(per_param.host));  // CPU parameters: host memory anyway
   } else {
-    L.alloc(MemoryTag::OptimizerState, plan.parameters * (8 + (dtype == DType::F32 ? 0 : 4)));
+    L.alloc(MemoryTag::OptimizerState, state_bytes(per_param.device));
   }
 
   // The batch (train/src/batch_prefetcher.cpp). On the CPU its arrays view the prefetcher's host
@@ -513,18 +530,24 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     if (first) L.alloc(kGrad, V * C * b);
     L.alloc(MemoryTag::Workspace, ce_backward);
     L.free(MemoryTag::Workspace, ce_backward);
+    // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
+    if (step_in_backward && !tc.tie_word_embeddings) L.free(kGrad, V * C * b);
     L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
     L.alloc(kGrad, T * C * b + C * b);
     P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
     L.free(kGrad, T * C * b + (first ? 0 : C * b));
+    if (step_in_backward) L.free(kGrad, C * b);  // the final norm's weight gradient, at its hook
     L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
     for (int64_t l = P.L_ - 1; l >= 0; --l) {
       L.where = "backward: decoder.layer." + std::to_string(l);
       if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
       P.decoder_layer_backward(first, !regions);
       if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
+      // step_in_backward: the layer's parameters are complete once its region has run (their hooks
+      // wait for the region entry); each is updated and its gradient dropped.
+      if (step_in_backward) L.free(kGrad, P.layer_param_grads);
     }
     // Layer 0's input gradient [T, C] is live.
     // The embedding's scatter-add goes into the weight's gradient in place once it holds one (the tied
@@ -534,6 +557,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.where = "backward: embed";
       L.alloc(kGrad, embed_grad);
       L.free(kGrad, T * C * b);
+      if (step_in_backward) L.free(kGrad, embed_grad);  // updated at its hook
     } else {
       // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
       L.where = "backward: splice";
@@ -599,6 +623,15 @@ json MemoryPlan::to_json() const {
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
               {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
               {"optimizer_offload", optimizer_offload},
+              {"optimizer",
+               {{"master_weights", master_weights},
+                {"state_dtype", state_dtype},
+                {"step_in_backward", step_in_backward},
+                {"bytes_per_param",
+                 {{"weights", bytes_per_param_weights},
+                  {"grads", bytes_per_param_grads},
+                  {"device_state", bytes_per_param_device_state},
+                  {"host_state", bytes_per_param_host_state}}}}},
               {"host", {{"optimizer_state", host_optimizer_state}, {"pinned", host_pinned},
                         {"total", host_optimizer_state + host_pinned}}}};
 }
@@ -608,6 +641,13 @@ std::string MemoryPlan::table() const {
   char buf[200];
   std::snprintf(buf, sizeof buf, "plan: %s, %s, recompute %s, %.2fM parameters, %lld tokens per micro-batch\n",
                 device.c_str(), precision.c_str(), recompute.c_str(), parameters / 1e6, static_cast<long long>(tokens));
+  os << buf;
+  std::snprintf(buf, sizeof buf,
+                "  AdamW: master_weights %s, state_dtype %s%s; bytes/parameter: weights %.2f, grads %.2f%s, state "
+                "%.3f on the device + %.3f on the host\n",
+                master_weights.c_str(), state_dtype.c_str(), step_in_backward ? ", step_in_backward" : "",
+                bytes_per_param_weights, bytes_per_param_grads, step_in_backward ? " (one layer at a time)" : "",
+                bytes_per_param_device_state, bytes_per_param_host_state);
   os << buf;
   for (int t = 0; t < kNumMemoryTags; ++t) {
     if (tag_peak[t] == 0) continue;

@@ -64,6 +64,7 @@ struct Trainer::Impl {
   uint64_t data_position = 0;   // index of the next micro-batch the model consumes
   std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries left in the config
   int64_t batch_size, accum, total_steps;
+  bool step_in_backward = false;  // optimizer.step_in_backward
   double grad_clip;
   std::string out_dir;
   // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
@@ -128,16 +129,11 @@ struct Trainer::Impl {
     ao.beta2 = tr["beta2"];
     ao.eps = tr["eps"];
     ao.weight_decay = tr["weight_decay"];
-    const json& oc = cfg["optimizer"];
-    OptimizerPlacement placement;
-    placement.offload = parse_optimizer_offload(oc["offload"]);
-    placement.state_dtype = parse_optimizer_state_dtype(oc["state_dtype"]);
-    const int64_t slot_mib = oc["staging_slot_mib"], slots = oc["staging_slots"];
-    KESTREL_CHECK(slot_mib >= 1 && slot_mib <= 4096, "train", "optimizer.staging_slot_mib must lie in [1, 4096], got ", slot_mib);
-    KESTREL_CHECK(slots >= 2 && slots <= 64, "train", "optimizer.staging_slots must lie in [2, 64], got ", slots);
-    placement.staging_slot_bytes = slot_mib << 20;
-    placement.staging_slots = static_cast<int>(slots);
+    // The optimizer's settings, checked against train.* (step_in_backward rules out accumulation,
+    // clipping and "skip"): one parser shared with the planner.
+    const OptimizerPlacement placement = optimizer_placement_from_config(cfg, device);
     optim = std::make_unique<AdamW>(task->parameters(), ao, placement);
+    step_in_backward = placement.step_in_backward;
     const int64_t depth = cfg["prefetch"];
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
     Task* t = task.get();
@@ -183,7 +179,11 @@ struct Trainer::Impl {
         TagScope tag(MemoryTag::Gradient);
         MemoryLabelScope label("backward");
         Tensor seed = Tensor::full(loss.shape(), 1.0 / static_cast<double>(accum), loss.dtype(), loss.device());
+        // optimizer.step_in_backward: the parameters are updated (and their gradients dropped) by
+        // grad-ready hooks inside this backward (accum is 1 then).
+        if (step_in_backward) optim->begin_step(schedule.at(step + 1));
         autograd::backward({loss}, {seed});
+        if (step_in_backward) optim->end_step();
       }
       if (loss_sum.defined())
         add_into(loss_sum, loss.detach());
@@ -195,6 +195,13 @@ struct Trainer::Impl {
       PhaseScope ph(dev, "optimizer");
       TagScope tag(MemoryTag::OptimizerState);
       MemoryLabelScope label("optimizer");
+      if (step_in_backward) {
+        // Already applied; the norm of the gradients it used, for the log (no clipping).
+        gnorm = optim->grad_norm();
+        if (!gnorm.defined()) gnorm = Tensor::zeros({}, DType::F32, dev);
+        ++step;
+        return {loss_sum, gnorm, tokens};
+      }
       std::vector<Tensor> grads;
       for (auto& [name, p] : task->parameters().items())
         if (p->grad().defined()) grads.push_back(p->grad());

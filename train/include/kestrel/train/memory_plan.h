@@ -44,6 +44,13 @@ struct MemoryPlan {
   std::string optimizer_offload = "none";
   int64_t host_optimizer_state = 0;  // f32 master + exp_avg + exp_avg_sq
   int64_t host_pinned = 0;           // the staging ring
+  // The optimizer's storage (optimizer.master_weights / state_dtype / step_in_backward) and the
+  // bytes per parameter it implies: weights, gradients at their peak (0 with step_in_backward: only
+  // one layer's exist at a time, which the replay counts), state on the device and on the host.
+  std::string master_weights = "f32", state_dtype = "f32";
+  bool step_in_backward = false;
+  double bytes_per_param_weights = 0, bytes_per_param_grads = 0, bytes_per_param_device_state = 0,
+         bytes_per_param_host_state = 0;
   nlohmann::json to_json() const;
   std::string table() const;  // a terminal table per tag
 };

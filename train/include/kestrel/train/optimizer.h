@@ -11,12 +11,27 @@
 //   rounded parameters back on the H2D stream; the compute stream waits for the last copy on the
 //   device, never the host. Gradient accumulation and clipping keep their meaning (the update runs on
 //   the accumulated, clipped gradients, as on the device).
+//
+// The compact modes (issue 21: a 9B model inside 24 GiB):
+// - master_weights None: bf16/f16 parameters are updated in place, the f32 arithmetic on their
+//   widened values rounded back stochastically (Philox, a per-step, per-parameter seed), so no f32
+//   master exists (device state only; the host offload keeps its f32 master, which costs no device
+//   memory). Bytes per parameter: 2 (weights) + moments.
+// - state_dtype U8 ("q8"): the moments as 8-bit block-wise codes (kestrel/ops/adamw_q8.h), 2 bytes +
+//   0.4% per parameter instead of 8, on the device or on the host, requantised stochastically.
+// - step_in_backward: each parameter is updated from a grad-ready hook as soon as its gradient is
+//   complete, and the gradient is dropped at once, so no full set of gradients ever exists. This
+//   rules out accumulating gradients across micro-batches and global-norm clipping (both need every
+//   gradient before any update) and skipping a step on a non-finite gradient norm; the trainer
+//   refuses such configs naming the keys. Usage: begin_step(lr); backward(...); end_step().
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kestrel/models/parameters.h"
 #include "kestrel/ops/optim.h"
@@ -26,9 +41,22 @@ namespace kestrel::train {
 enum class OptimizerOffload { None, Host };
 // "none" | "host"; anything else is an error naming the valid values.
 OptimizerOffload parse_optimizer_offload(const std::string& s);
-// optimizer.state_dtype: "f32" | "bf16"; anything else is an error naming the valid values.
+// optimizer.state_dtype: "f32" | "bf16" | "q8" (DType::U8 stands for the 8-bit block-wise codes);
+// anything else is an error naming the valid values.
 DType parse_optimizer_state_dtype(const std::string& s);
+const char* optimizer_state_dtype_name(DType d);
 const char* optimizer_offload_name(OptimizerOffload o);
+
+enum class MasterWeights { F32, None };
+// optimizer.master_weights: "f32" | "none".
+MasterWeights parse_master_weights(const std::string& s);
+const char* master_weights_name(MasterWeights w);
+
+// Bytes per parameter of the optimizer's state under a placement, split by where it lives, for a
+// parameter stored as `param_dtype` (the planner and the error messages use this one rule).
+struct OptimizerStateBytes {
+  double device = 0, host = 0;  // per parameter
+};
 
 struct OptimizerPlacement {
   OptimizerOffload offload = OptimizerOffload::None;
@@ -39,7 +67,23 @@ struct OptimizerPlacement {
   // Host offload: bytes of one pinned staging slot (per direction) and the number of slots in the ring.
   int64_t staging_slot_bytes = int64_t{64} << 20;
   int staging_slots = 4;
+  // optimizer.master_weights: F32 keeps an f32 master for 16-bit parameters; None updates them in
+  // place with stochastic rounding (device state only).
+  MasterWeights master_weights = MasterWeights::F32;
+  // optimizer.step_in_backward: update each parameter from its grad-ready hook (see the top).
+  bool step_in_backward = false;
+  // Seeds the Philox streams of stochastic rounding (parameters without a master, q8 moments).
+  uint64_t seed = 0x6b657374726c;
 };
+
+// The placement a trainer config asks for (its "optimizer" section, train.seed), checked against
+// the rest of the config: step_in_backward with train.grad_accum > 1, train.grad_clip > 0 or
+// train.nonfinite "skip", and master_weights "none" with the host offload of a CUDA run, are refused
+// with a message naming the keys. The trainer and the planner both read the config through this.
+OptimizerPlacement optimizer_placement_from_config(const nlohmann::json& cfg, Device device);
+
+OptimizerStateBytes optimizer_state_bytes_per_param(const OptimizerPlacement& placement, DType param_dtype,
+                                                    bool on_cuda);
 
 // What one offloaded step did (all zero for offload None).
 struct OptimizerStepStats {
@@ -57,7 +101,15 @@ class AdamW {
   AdamW& operator=(const AdamW&) = delete;
 
   // One step with learning rate `lr` on every parameter that has a gradient.
+  // Refused with step_in_backward (use begin_step / end_step around the backward).
   void step(double lr);
+  // step_in_backward: opens a step (its number and learning rate) before the backward whose hooks
+  // update the parameters; end_step closes it after the backward. Parameters whose gradient never
+  // became ready in that backward are not updated (as step() skips parameters without a gradient).
+  // grad_norm() is the L2 norm of the gradients the step saw (a [] f32 tensor on the device).
+  void begin_step(double lr);
+  void end_step();
+  Tensor grad_norm() const { return grad_sq_sum_.defined() ? sqrt_of(grad_sq_sum_) : Tensor(); }
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return options_; }
   const OptimizerPlacement& placement() const { return placement_; }
@@ -86,14 +138,25 @@ class AdamW {
     std::string name;
     Tensor* param;
     Tensor master;  // f32 copy when the parameter is not f32 (always, on the host, when offloaded)
-    Tensor m, v;  // f32, or bf16 (OptimizerPlacement::state_dtype) when offloaded
+    Tensor m, v;  // f32, or bf16 (OptimizerPlacement::state_dtype) when offloaded; undefined for q8
+    Q8Moments q8;  // state_dtype U8: the 8-bit codes and block scales
   };
   void step_offloaded(double lr);
+  void update_slot(size_t k, const Tensor& grad, const AdamWOptions& o);  // on the device
+  void update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);
+  uint64_t stream_seed(size_t slot, uint64_t salt) const;
+  static Tensor sqrt_of(const Tensor& t);
 
   std::vector<Slot> slots_;
   AdamWOptions options_;
   OptimizerPlacement placement_;
   int64_t step_ = 0;
+  bool in_step_ = false;  // step_in_backward: between begin_step and end_step
+  double lr_ = 0;
+  Tensor grad_sq_sum_;    // step_in_backward: sum of the gradients' squares seen by the step
+  // The grad-ready hooks outlive this object on the parameters: they hold a weak reference to this
+  // token and do nothing once it is gone.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
   std::unique_ptr<Staging> staging_;
   OptimizerStepStats stats_;
 };
