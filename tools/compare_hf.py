@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Compares Kestrel's loss and every parameter gradient with Hugging Face transformers.
 
-Builds a small random Qwen2 and a small random Llama with transformers, saves them
+Builds small random models with transformers (Qwen2, Llama, and with sliding-window attention
+shorter than the sequence: Mistral, Qwen2 with use_sliding_window/max_window_layers, Qwen3 with
+layer_types and q/k norms; eager attention, so the window is transformers' own mask), saves them
 (config.json + model.safetensors), writes a token file in the llm.c format, runs
 `kestrel-grad` on it, and compares with PyTorch's loss.backward() on the same model:
 f32 on the CPU, and bf16 on the GPU (where Kestrel's bf16 error is reported next to
@@ -28,16 +30,31 @@ def write_llmc_tokens(path, tokens):
         f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
+ARCHS = ["qwen2", "llama", "mistral_swa", "qwen2_swa", "qwen3_swa"]
+
+
 def build(arch, out_dir):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers as tf
     common = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-6, rope_theta=10000.0)
-    torch.manual_seed(0 if arch == "qwen2" else 1)
+    torch.manual_seed(ARCHS.index(arch))
     if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(tie_word_embeddings=True, **common))
+    elif arch == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(tie_word_embeddings=False, **common))
+    else:  # sliding windows of 24 tokens (the default sequence is 64)
+        if arch == "mistral_swa":
+            cfg = tf.MistralConfig(tie_word_embeddings=False, sliding_window=24, **common)
+        elif arch == "qwen2_swa":  # layer 0 full, layer 1 sliding
+            cfg = tf.Qwen2Config(tie_word_embeddings=True, use_sliding_window=True, sliding_window=24,
+                                 max_window_layers=1, **common)
+        else:
+            cfg = tf.Qwen3Config(tie_word_embeddings=False, head_dim=32, use_sliding_window=True, sliding_window=24,
+                                 layer_types=["sliding_attention", "full_attention"], **common)
+        cfg._attn_implementation = "eager"
+        model = {"mistral_swa": tf.MistralForCausalLM, "qwen2_swa": tf.Qwen2ForCausalLM,
+                 "qwen3_swa": tf.Qwen3ForCausalLM}[arch](cfg)
     model = model.float()
     with torch.no_grad():  # move norms and biases off their trivial init so their gradients are generic
         for name, p in model.named_parameters():
@@ -77,7 +94,7 @@ def main():
     ids = tokens[: args.seq_len].tolist()
     ok = True
     rows = []
-    for arch in ["qwen2", "llama"]:
+    for arch in ARCHS:
         model, path = build(arch, args.out)
         ref_loss, ref = torch_grads(model, ids, "cpu", torch.float32)
         for device in args.devices.split(","):
@@ -103,10 +120,10 @@ def main():
             passed = worst_k <= bound and loss_diff <= (1e-5 if dtype == "f32" else 5e-2)
             ok &= passed
             rows.append((arch, device, dtype, ref_loss, k_loss, loss_diff, worst_k, worst_t, bound, passed))
-    print(f"{'model':6} {'device':6} {'dtype':5} {'torch f32 loss':>14} {'kestrel loss':>12} {'|dloss|':>9} "
+    print(f"{'model':11} {'device':6} {'dtype':5} {'torch f32 loss':>14} {'kestrel loss':>12} {'|dloss|':>9} "
           f"{'max grad relL2':>14} {'torch bf16 relL2':>16} {'bound':>8} ok")
     for r in rows:
-        print(f"{r[0]:6} {r[1]:6} {r[2]:5} {r[3]:14.8f} {r[4]:12.8f} {r[5]:9.2e} {r[6]:14.2e} {r[7]:16.2e} {r[8]:8.1e} {r[9]}")
+        print(f"{r[0]:11} {r[1]:6} {r[2]:5} {r[3]:14.8f} {r[4]:12.8f} {r[5]:9.2e} {r[6]:14.2e} {r[7]:16.2e} {r[8]:8.1e} {r[9]}")
     sys.exit(0 if ok else 1)
 
 

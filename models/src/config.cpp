@@ -1,6 +1,6 @@
 // HF config.json parsing, validation and writing for TextConfig, VisionConfig and VlmConfig.
 //
-// Defaults are those of transformers' LlamaConfig, Qwen2Config and SiglipVisionConfig. One
+// Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config and SiglipVisionConfig. One
 // deliberate deviation: Qwen2Config's signature defaults num_key_value_heads to 32 when the key is
 // missing; we default it to num_attention_heads (the documented "backward compatibility" meaning,
 // and what LlamaConfig does), since 32 is invalid for most head counts. Real qwen2 config.json
@@ -13,12 +13,13 @@
 #include "kestrel/models/file_io.h"
 #include "kestrel/models/json_text.h"
 #include "kestrel/runtime/error.h"
+#include "src/attention_window.h"
 
 namespace kestrel::models {
 
 namespace {
 constexpr const char* kComp = "config";
-constexpr const char* kTextModels = "llama, qwen2, qwen3";
+constexpr const char* kTextModels = "llama, mistral, qwen2, qwen3";
 using nlohmann::json;
 
 // Where we are: the file (or "<json>") and the nesting prefix ("text_config.").
@@ -131,33 +132,25 @@ bool is_text_key(const std::string& k) {
       "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
-      "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "use_sliding_window"};
+      "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "use_sliding_window",
+      "sliding_window", "max_window_layers", "layer_types"};
   for (const char* key : keys)
     if (k == key) return true;
   return false;
 }
 
-// The audit: fields that change the maths of a llama/qwen2 model and that Kestrel does not compute
-// are refused here, by name (a config that merely carries them with their neutral value passes).
+// The audit: fields that change the maths of a text model and that Kestrel does not compute are
+// refused here, by name (a config that merely carries them with their neutral value passes).
+// Sliding windows are parsed and checked in attention_window.cpp; LlamaModel has none, so a llama
+// config whose layer_types asks for other than full attention is refused.
 void audit_text_fields(const json& j, const Ctx& c, const std::string& type) {
   auto truthy = [](const json* v) { return v != nullptr && !(v->is_boolean() && !v->get<bool>()); };
-  if (type == "qwen2" || type == "qwen3") {
-    const json* v = lookup(j, "use_sliding_window");
-    if (v && !v->is_boolean()) type_error(c, "use_sliding_window", "true or false", *v);
-    // transformers: layers i >= max_window_layers (default 28) slide when use_sliding_window is true.
-    int64_t window_from = 28, layers = 32;
-    read_int(j, c, "max_window_layers", window_from);
-    read_int(j, c, "num_hidden_layers", layers);
-    if (truthy(v) && window_from < layers)
-      refuse(c, "use_sliding_window", *v,
-             "sliding-window attention is not implemented (Kestrel attends over the whole causal window)");
-  }
-  if (const json* lt = lookup(j, "layer_types")) {
+  if (const json* lt = lookup(j, "layer_types"); lt && type == "llama") {
     if (!lt->is_array()) type_error(c, "layer_types", "a list of strings", *lt);
     for (const json& e : *lt)
       if (!e.is_string() || e.get<std::string>() != "full_attention")
         refuse(c, "layer_types", *lt,
-               "only \"full_attention\" layers are implemented (sliding-window attention is not)");
+               "llama has only \"full_attention\" layers (sliding windows: model_type mistral, qwen2 or qwen3)");
   }
   if (const json* v = lookup(j, "partial_rotary_factor")) {
     if (!v->is_number()) type_error(c, "partial_rotary_factor", "a number", *v);
@@ -245,8 +238,8 @@ void parse_rope(const json& j, const Ctx& c, TextConfig& t) {
 TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
   check_object(j, c);
   const std::string type = model_type_of(j, c, fallback_type);
-  KESTREL_CHECK(type == "llama" || type == "qwen2" || type == "qwen3", kComp, "'", c.source, "': field '",
-                c.field("model_type"), "' is '", type, "'; supported text models: ", kTextModels);
+  KESTREL_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", kComp, "'", c.source,
+                "': field '", c.field("model_type"), "' is '", type, "'; supported text models: ", kTextModels);
   audit_text_fields(j, c, type);
   TextConfig t = TextConfig::defaults_for(type);
   read_int(j, c, "vocab_size", t.vocab_size);
@@ -254,7 +247,7 @@ TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
   read_int(j, c, "intermediate_size", t.intermediate_size);
   read_int(j, c, "num_hidden_layers", t.num_hidden_layers);
   read_int(j, c, "num_attention_heads", t.num_attention_heads);
-  t.num_key_value_heads = t.num_attention_heads;
+  t.num_key_value_heads = type == "mistral" ? 8 : t.num_attention_heads;  // MistralConfig defaults it to 8
   read_int(j, c, "num_key_value_heads", t.num_key_value_heads);
   if (type != "qwen3")  // Qwen3Config's head_dim defaults to 128, not hidden / heads
     t.head_dim = t.num_attention_heads > 0 ? t.hidden_size / t.num_attention_heads : 0;
@@ -271,11 +264,19 @@ TextConfig parse_text(const json& j, const Ctx& c, const char* fallback_type) {
   read_opt_int(j, c, "pad_token_id", t.pad_token_id);
   read_string(j, c, "torch_dtype", t.torch_dtype);
   if (t.torch_dtype.empty()) read_string(j, c, "dtype", t.torch_dtype);
+  detail::parse_attention_window(j, c.source, c.prefix, t);
+  // Keys this type does not read stay verbatim (qwen2/mistral attention_bias, llama's window keys, ...).
+  auto unread = [&](const std::string& k) {
+    if ((type == "qwen2" || type == "mistral") && k == "attention_bias") return true;
+    if (type != "llama" && k == "mlp_bias") return true;
+    if (type == "llama" && (k == "use_sliding_window" || k == "sliding_window" || k == "max_window_layers" ||
+                            k == "layer_types"))
+      return true;
+    return type == "mistral" && (k == "use_sliding_window" || k == "max_window_layers");
+  };
   json extra = json::object();
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!is_text_key(it.key()) || (type == "qwen2" && it.key() == "attention_bias") ||
-        (type != "llama" && it.key() == "mlp_bias"))
-      extra[it.key()] = it.value();
+    if (!is_text_key(it.key()) || unread(it.key())) extra[it.key()] = it.value();
   if (!extra.empty()) t.extra_json = extra.dump();
   return t;
 }
@@ -303,8 +304,10 @@ void validate_rope(const TextConfig& t, const Ctx& c) {
 }
 
 void validate_text(const TextConfig& t, const Ctx& c) {
-  KESTREL_CHECK(t.model_type == "llama" || t.model_type == "qwen2" || t.model_type == "qwen3", kComp, "'", c.source,
-                "': field '", c.field("model_type"), "' is '", t.model_type, "'; supported text models: ", kTextModels);
+  KESTREL_CHECK(t.model_type == "llama" || t.model_type == "mistral" || t.model_type == "qwen2" ||
+                    t.model_type == "qwen3",
+                kComp, "'", c.source, "': field '", c.field("model_type"), "' is '", t.model_type,
+                "'; supported text models: ", kTextModels);
   check_positive(c, "vocab_size", t.vocab_size);
   check_positive(c, "hidden_size", t.hidden_size);
   check_positive(c, "intermediate_size", t.intermediate_size);
@@ -335,7 +338,10 @@ void validate_text(const TextConfig& t, const Ctx& c) {
                 "': attention_bias/mlp_bias are llama/qwen3 fields; qwen2 always has q/k/v bias and no o_proj bias");
   KESTREL_CHECK(!t.mlp_bias, kComp, "'", c.source, "': field '", c.field("mlp_bias"),
                 "' = true is not supported: MLP biases are not implemented");
+  KESTREL_CHECK(t.model_type != "mistral" || !t.attention_bias, kComp, "'", c.source,
+                "': mistral has no attention biases (MistralAttention ignores attention_bias)");
   validate_rope(t, c);
+  detail::validate_attention_window(t, c.source, c.prefix);
 }
 
 json rope_scaling_to_json(const RopeScaling& s) {
@@ -360,9 +366,10 @@ json rope_scaling_to_json(const RopeScaling& s) {
 
 json text_to_json(const TextConfig& t) {
   json j = json::object();
-  j["architectures"] = {t.model_type == "qwen2"   ? "Qwen2ForCausalLM"
-                        : t.model_type == "qwen3" ? "Qwen3ForCausalLM"
-                                                  : "LlamaForCausalLM"};
+  j["architectures"] = {t.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                        : t.model_type == "qwen3"   ? "Qwen3ForCausalLM"
+                        : t.model_type == "mistral" ? "MistralForCausalLM"
+                                                    : "LlamaForCausalLM"};
   j["model_type"] = t.model_type;
   j["vocab_size"] = t.vocab_size;
   j["hidden_size"] = t.hidden_size;
@@ -378,9 +385,9 @@ json text_to_json(const TextConfig& t) {
                       : t.rope_scaling.is_default()  ? json(nullptr)
                                                      : rope_scaling_to_json(t.rope_scaling);
   j["tie_word_embeddings"] = t.tie_word_embeddings;
-  if (t.model_type != "qwen2") j["attention_bias"] = t.attention_bias;
+  if (t.model_type == "llama" || t.model_type == "qwen3") j["attention_bias"] = t.attention_bias;
   if (t.model_type == "llama") j["mlp_bias"] = t.mlp_bias;
-  if (t.model_type != "llama") j["use_sliding_window"] = false;
+  detail::attention_window_to_json(t, j);
   j["hidden_act"] = t.hidden_act;
   j["bos_token_id"] = t.bos_token_id ? json(*t.bos_token_id) : json(nullptr);
   if (t.eos_token_ids.empty()) j["eos_token_id"] = nullptr;
@@ -464,6 +471,14 @@ TextConfig TextConfig::defaults_for(const std::string& model_type) {
     t.max_position_embeddings = 32768;
     t.bos_token_id.reset();
     t.eos_token_ids.clear();
+    t.sliding_window = 4096;
+  } else if (model_type == "mistral") {
+    t.intermediate_size = 14336;
+    t.num_key_value_heads = 8;
+    t.max_position_embeddings = 4096 * 32;
+    t.bos_token_id = 1;
+    t.eos_token_ids = {2};
+    t.sliding_window = 4096;
   } else {
     KESTREL_CHECK(model_type == "llama", kComp, "unknown text model_type '", model_type,
                   "'; supported: ", kTextModels);

@@ -1,4 +1,4 @@
-// Llama/Qwen2/Qwen3 decoder forward; backward comes from the tape.
+// Llama/Mistral/Qwen2/Qwen3 decoder forward; backward comes from the tape.
 #include "kestrel/models/decoder.h"
 
 #include <algorithm>
@@ -93,12 +93,14 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     k = rope(k, batch.positions, rope_);
     AttentionOptions opts;
     opts.causal = true;
+    opts.window = config_.attention_window(index);  // 0 = full causal; sliding layers (mistral, qwen2/3)
     Tensor a;  // [T, Hq, D]
     if (!cache) {
       a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);
     } else {
       // Append this step's keys/values to each document's cache; attend over cached + new (causal,
-      // bottom-right aligned: a new token sees every cached token and the new ones before it).
+      // bottom-right aligned: a new token sees every cached token and the new ones before it; a
+      // sliding window counts back from the token's own position, so it applies unchanged).
       std::vector<Tensor> ks, vs;
       std::vector<int64_t> cu_k{0};
       int64_t off = 0, max_k = 0;

@@ -61,11 +61,18 @@ TEST(Qwen3, PublishedConfig) {
   EXPECT_EQ(d.head_dim, 128);
   EXPECT_TRUE(d.qkv_bias());
   EXPECT_TRUE(d.o_proj_bias());
-  // Sliding layers are refused (layers >= max_window_layers slide when use_sliding_window is on).
+  // Layers >= max_window_layers slide when use_sliding_window is on and sliding_window is set; with
+  // sliding_window null (as Qwen3-0.6B ships) transformers slides no layer.
   json s = qwen3_06b();
   s["use_sliding_window"] = true;
   s["max_window_layers"] = 20;
-  EXPECT_THROW(TextConfig::from_json(s), Error);
+  TextConfig none = TextConfig::from_json(s);
+  for (int64_t l = 0; l < none.num_hidden_layers; ++l) EXPECT_EQ(none.attention_window(l), 0) << l;
+  s["sliding_window"] = 4096;
+  TextConfig some = TextConfig::from_json(s);
+  EXPECT_EQ(some.attention_window(19), 0);
+  EXPECT_EQ(some.attention_window(20), 4096);
+  EXPECT_EQ(TextConfig::from_json(some.to_json()).to_json(), some.to_json());
 }
 
 TEST(Qwen3, HfNames) {

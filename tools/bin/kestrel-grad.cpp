@@ -1,4 +1,4 @@
-// kestrel-grad: loads a Hugging Face model folder (config.json + safetensors, llama or qwen2), runs
+// kestrel-grad: loads a Hugging Face model folder (config.json + safetensors: llama, mistral, qwen2, qwen3), runs
 // forward + backward on the first tokens of an llm.c token file, and writes the loss and every
 // parameter gradient (f32, as "grad.<HF name>") to a safetensors file. The way to debug a model
 // and to compare Kestrel with another implementation (see tools/compare_hf.py).

@@ -1,4 +1,4 @@
-// Hugging Face config.json <-> model configuration structs (llama, qwen2, siglip_vision_model, and
+// Hugging Face config.json <-> model configuration structs (llama, mistral, qwen2, qwen3, siglip_vision_model, and
 // Kestrel's VLM config that nests a vision and a text config).
 //
 // Policy: fields are named as HF names them; a missing key takes the default the HF config class
@@ -18,14 +18,19 @@
 
 namespace kestrel::models {
 
-// Decoder-only text model: model_type "llama", "qwen2" or "qwen3" (qwen3: RMSNorm over each head of q
-// and k before rope, q_norm/k_norm [head_dim]; head_dim defaults to 128; biases as llama's attention_bias).
+// Decoder-only text model: model_type "llama", "mistral", "qwen2" or "qwen3" (qwen3: RMSNorm over each
+// head of q and k before rope, q_norm/k_norm [head_dim]; head_dim defaults to 128; biases as llama's
+// attention_bias; mistral: llama-shaped without biases, sliding-window attention on every layer).
+// Sliding windows (src/attention_window.cpp): mistral's sliding_window, qwen2/qwen3's use_sliding_window
+// + sliding_window + max_window_layers + layer_types, as transformers 5 resolves them.
 // Audit (config.cpp): every field that changes the maths is implemented or refused with an error
-// naming it (sliding windows, layer_types other than full_attention, partial_rotary_factor != 1,
+// naming it (layer_types other than full_attention/sliding_attention, a sliding layer without a
+// window, llama configs with sliding layers, partial_rotary_factor != 1,
 // mlp_bias, hidden_act other than silu, qk_norm, logit softcapping, attention_dropout != 0,
 // quantization_config, rope types other than supported_rope_types()). Fields that do not change the maths are kept in extra_json and
 // written back by to_json().
-// HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2     (qwen3 as qwen2, head_dim 128)
+// HF defaults (LlamaConfig / Qwen2Config):            llama     qwen2     (qwen3 as qwen2, head_dim 128;
+//                                                                          mistral below the table)
 //   vocab_size                                        32000     151936
 //   hidden_size                                       4096      4096
 //   intermediate_size                                 11008     22016
@@ -37,6 +42,9 @@ namespace kestrel::models {
 //   rope_theta                                        10000     10000
 //   bos / eos token id                                1 / 2     none / none
 //   attention_bias, mlp_bias                          false     (q/k/v bias always, o_proj never)
+//   sliding_window / use_sliding_window / max_window_layers   -     4096 / false / 28
+// mistral (MistralConfig): vocab 32000, intermediate 14336, kv heads 8, max_position_embeddings 131072,
+// bos 1, eos 2, sliding_window 4096 (null = full attention), no biases.
 struct TextConfig {
   std::string model_type = "llama";
   int64_t vocab_size = 32000;
@@ -60,11 +68,19 @@ struct TextConfig {
   std::optional<int64_t> pad_token_id;
   std::string torch_dtype;  // "bfloat16", "float32", ... as written; "" if absent
   std::string extra_json;   // JSON object of the fields Kestrel does not read (kept through save); "" if none
+  // Sliding windows (mistral, qwen2, qwen3; see attention_window()).
+  std::optional<int64_t> sliding_window;  // tokens, as written (defaults_for: 4096); none = null
+  bool use_sliding_window = false;        // qwen2/qwen3: false = no layer slides
+  int64_t max_window_layers = 28;         // qwen2/qwen3 without layer_types: layers >= this slide
+  std::vector<std::string> layer_types;   // "full_attention"/"sliding_attention" per layer; empty = derived
 
   // Which projections carry a bias, from the model_type's rules.
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
   bool o_proj_bias() const { return model_type != "qwen2" && attention_bias; }
   bool qk_norm() const { return model_type == "qwen3"; }  // q_norm / k_norm per head before rope
+  // The attention window of layer `layer` in tokens (0 = full causal): key j visible to query i iff
+  // i - window < j <= i, transformers' sliding_window.
+  int64_t attention_window(int64_t layer) const;
   int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
   // The rotary table of this config (rope_scaling applied) for sequences of up to `seq_len` tokens
   // (max position + 1; only "dynamic" depends on it).
