@@ -4,6 +4,10 @@
 // (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
 // TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
 // KESTREL_FA_FWD and KESTREL_FA_BWD pick the kernels (the label names both).
+// BM_flash_attention_window: causal with a sliding window W (16384 tokens as one document and as
+// 4k documents, W in {256..4096}); its FLOPs count only the visible area (W*T - W(W-1)/2 scores
+// per document), so a kernel that skips the tiles outside the window shows about the TFLOP/s of
+// full causal at the same T, and one that merely masked them would fall by T/W.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -48,11 +52,7 @@ struct Buffers {
   size_t ws_bytes;
 };
 
-void BM_flash_attention(benchmark::State& state) {
-  const int T = static_cast<int>(state.range(0));
-  const int D = static_cast<int>(state.range(1));
-  const bool causal = state.range(2) != 0;
-  const bool backward = state.range(3) != 0;
+void bench_attention(benchmark::State& state, int T, int D, bool causal, int window, bool backward) {
   const int docs = kTokens / T;
   const size_t n = static_cast<size_t>(kTokens) * kHeads * D;
   Buffers b{};
@@ -69,6 +69,7 @@ void BM_flash_attention(benchmark::State& state) {
 
   FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, kHeads, kHeads, D,
                          1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16, kTokens, kTokens};
+  p.window = window;
   b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, kTokens);
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
   FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
@@ -91,18 +92,32 @@ void BM_flash_attention(benchmark::State& state) {
     KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     state.SetIterationTime(ms * 1e-3);
   }
-  const double fwd_flops = 4.0 * T * T * D * kHeads * docs * (causal ? 0.5 : 1.0);
+  // Scores computed per document: T*T, causal T*T/2 (FlashAttention's count), windowed the visible area.
+  const double w = window;
+  const double scores = !causal ? 1.0 * T * T : window > 0 && window < T ? w * T - w * (w - 1) / 2 : 0.5 * T * T;
+  const double fwd_flops = 4.0 * scores * D * kHeads * docs;
   const double flops = fwd_flops * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   const char* fwd_kind = std::getenv("KESTREL_FA_FWD");
   const char* bwd_kind = std::getenv("KESTREL_FA_BWD");
-  state.SetLabel(std::string(causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd") + " fwd-kernel=" +
+  state.SetLabel(std::string(causal ? "causal" : "bidir") + (window > 0 ? " window=" + std::to_string(window) : "") +
+                 (backward ? " fwd+bwd" : " fwd") + " fwd-kernel=" +
                  (fwd_kind ? fwd_kind : "default") + (backward ? std::string(" bwd-kernel=") + (bwd_kind ? bwd_kind : "default") : ""));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
   cudaFree(b.lse);
   cudaFree(b.cu);
+}
+
+void BM_flash_attention(benchmark::State& state) {
+  bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2) != 0, 0,
+                  state.range(3) != 0);
+}
+
+void BM_flash_attention_window(benchmark::State& state) {
+  bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), true,
+                  static_cast<int>(state.range(2)), state.range(3) != 0);
 }
 
 void args(benchmark::internal::Benchmark* bm) {
@@ -113,7 +128,16 @@ void args(benchmark::internal::Benchmark* bm) {
   bm->ArgNames({"T", "D", "causal", "bwd"});
 }
 
+void window_args(benchmark::internal::Benchmark* bm) {
+  for (int bwd : {0, 1})
+    for (int d : {64, 128})
+      for (int t : {4096, 16384})
+        for (int w : {256, 1024, 4096}) bm->Args({t, d, w, bwd});
+  bm->ArgNames({"T", "D", "window", "bwd"});
+}
+
 BENCHMARK(BM_flash_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+BENCHMARK(BM_flash_attention_window)->Apply(window_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 
 }  // namespace
 
