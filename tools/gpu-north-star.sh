@@ -17,7 +17,7 @@
 # Building BIN on the device (about 45 s on its 16 cores), from the repository root:
 #   cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_BUILD_TESTS=ON &&
 #   cmake --build /tmp/b -j16 --target kestrel kestrel-train kestrel-mem test_train test_train_cuda test_runtime \
-#     test_ops_cuda && mkdir -p /tmp/c && cp /tmp/b/libkestrel.so /tmp/b/kestrel-train /tmp/b/kestrel-mem \
+#     test_ops test_ops_cuda && mkdir -p /tmp/c && cp /tmp/b/libkestrel.so /tmp/b/kestrel-train /tmp/b/kestrel-mem \
 #     /tmp/b/tests/test_* /tmp/c/ && NS_STEPS8=4 bash tools/gpu-north-star.sh /tmp/c acc8
 set -u
 cd "$(dirname "$0")/.."
@@ -50,9 +50,10 @@ run() {  # run LABEL TIMEOUT CONFIG [--set k=v ...]
 [ -x "$B/test_ops_cuda" ] && "$B/test_ops_cuda" --gtest_brief=1 \
   --gtest_filter='FusedCrossEntropyBackwardCuda*:EmbeddingCuda*:CudaOpTable*:*FusedLinearCrossEntropy*' 2>&1 | tail -n 4
 if [ "$MODE" = compact ]; then
-  "$B/test_ops" --gtest_brief=1 --gtest_filter='Q8Code*:AdamWQ8*:AdamWNoMaster*:AdamW.*' 2>&1 | tail -n 3
+  [ -x "$B/test_ops" ] && "$B/test_ops" --gtest_brief=1 --gtest_filter='Q8Code*:AdamWQ8*:AdamWNoMaster*:AdamW.*' 2>&1 | tail -n 3
   "$B/test_ops_cuda" --gtest_brief=1 --gtest_filter='CudaParity.AdamW*' 2>&1 | tail -n 3
   "$B/test_train" --gtest_brief=1 --gtest_filter='AdamWCompact*' 2>&1 | tail -n 3
+  "$B/test_train_cuda" --gtest_brief=1 --gtest_filter='AdamWCompactCuda*' 2>&1 | tail -n 3
 fi
 [ "$MODE" = tests ] && exit 0
 

@@ -102,6 +102,45 @@ TEST(AdamWCompact, TrainerCompactModeTracksExactAdamW) {
   EXPECT_LE(std::abs(inside.back() - exact.back()), 0.03 * exact.back());
 }
 
+// Checkpoints of the compact modes (q8 codes and scales, no master or a host master) resume exactly:
+// 3 steps + resume + 3 steps = 6 steps straight, with tied embeddings (their hook fires last).
+TEST(AdamWCompact, ResumeFromCheckpointsIsExact) {
+  const std::string dir = fresh_temp_dir("kestrel_compact", "resume");
+  nlohmann::json text = {{"model_type", "qwen2"}, {"vocab_size", 61}, {"hidden_size", 32}, {"intermediate_size", 40},
+                         {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                         {"tie_word_embeddings", true}};
+  for (const char* mode : {"device", "host"}) {
+    auto run_cfg = [&](const std::string& sub, int64_t steps) {
+      nlohmann::json cfg = tiny_decoder_run(dir + "/" + mode + "_" + sub, text, 48, 7, 20, 2, "cpu");
+      cfg["train"]["steps"] = steps;
+      cfg["train"]["lr"] = 5e-3;
+      cfg["train"]["grad_clip"] = 0.0;
+      cfg["precision"] = "bf16";
+      cfg["optimizer"]["state_dtype"] = "q8";
+      cfg["optimizer"]["step_in_backward"] = true;
+      cfg["optimizer"]["offload"] = std::string(mode) == "host" ? "host" : "none";
+      cfg["optimizer"]["master_weights"] = std::string(mode) == "host" ? "f32" : "none";
+      cfg["checkpoint_every"] = 3;
+      return cfg;
+    };
+    for (auto [sub, steps] : {std::pair<const char*, int64_t>{"straight", 6}, {"resumed", 3}}) {
+      Trainer t(run_cfg(sub, steps));
+      t.set_log_callback([](const std::string&) {});
+      t.run();
+    }
+    {
+      Trainer t(run_cfg("resumed", 6));
+      t.set_log_callback([](const std::string&) {});
+      t.resume("latest");
+      t.run();
+    }
+    const std::vector<double> a = metric_losses(dir + "/" + mode + "_straight/out"),
+                              b = metric_losses(dir + "/" + mode + "_resumed/out");
+    EXPECT_EQ(a.size(), 6u) << mode;
+    EXPECT_EQ(a, b) << mode;
+  }
+}
+
 // kestrel-mem plan: bytes per parameter of each mode, and the in-backward step's gradient peak.
 TEST(AdamWCompact, PlannerModelsTheModes) {
   const std::string dir = fresh_temp_dir("kestrel_compact", "plan");

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <vector>
 
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/error.h"
 #include "src/host_staging.h"
 
@@ -40,6 +40,7 @@ class CudaStaging final : public AdamW::Staging {
       in_ev_.push_back(std::make_unique<cuda::Event>());
       out_ev_.push_back(std::make_unique<cuda::Event>());
     }
+    out_busy_.assign(in_.size(), false);
   }
 
   int64_t slot_bytes() const override { return slot_bytes_; }
@@ -74,12 +75,13 @@ class CudaStaging final : public AdamW::Staging {
       st.d2h_bytes += chunks[k].grad_bytes;
     };
     for (size_t k = 0; k < n && k < slots; ++k) fetch(k);
-    std::vector<bool> out_busy(slots, false);
+    // out_busy_ persists across calls: with optimizer.step_in_backward run() comes once per parameter,
+    // right after the last one, whose H2D copies may still be reading the slots.
     for (size_t k = 0; k < n; ++k) {
       const size_t s = k % slots;
       auto t_wait = Clock::now();
       if (!on_host[k]) KESTREL_CUDA_CHECK(cudaEventSynchronize(in_ev_[s]->get()));
-      if (out_busy[s]) KESTREL_CUDA_CHECK(cudaEventSynchronize(out_ev_[s]->get()));
+      if (out_busy_[s]) KESTREL_CUDA_CHECK(cudaEventSynchronize(out_ev_[s]->get()));
       st.copy_wait_ms += ms_since(t_wait);
       auto t_update = Clock::now();
       update(k, on_host[k] ? chunks[k].grad : in_[s].data(), out_[s].data());
@@ -88,7 +90,7 @@ class CudaStaging final : public AdamW::Staging {
                                          cudaMemcpyHostToDevice, h2d));
       KESTREL_CUDA_CHECK(cudaEventRecord(out_ev_[s]->get(), h2d));
       st.h2d_bytes += chunks[k].param_bytes;
-      out_busy[s] = true;
+      out_busy_[s] = true;
       if (k + slots < n) fetch(k + slots);  // the slot's gradient buffer was just consumed
     }
     KESTREL_CUDA_CHECK(cudaEventRecord(done_.get(), h2d));
@@ -113,6 +115,7 @@ class CudaStaging final : public AdamW::Staging {
   int64_t slot_bytes_;
   std::vector<cuda::PinnedBuffer> in_, out_;
   std::vector<std::unique_ptr<cuda::Event>> in_ev_, out_ev_;
+  std::vector<bool> out_busy_;  // slot s has an H2D copy from out_[s] enqueued (wait on out_ev_[s])
   cuda::Event ready_, done_;
   TimingEvent idle_begin_, idle_end_;
   bool measured_ = false;
