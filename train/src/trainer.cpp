@@ -428,6 +428,13 @@ TrainSummary Trainer::run() {
   if (I.optim->placement().offload == OptimizerOffload::Host)
     std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), ", AdamW state on the host (%s)",
                   format_bytes(I.optim->host_state_bytes()).c_str());
+  {
+    const OptimizerPlacement& pl = I.optim->placement();
+    if (pl.master_weights == MasterWeights::None || pl.state_dtype != DType::F32 || pl.step_in_backward)
+      std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf),
+                    ", AdamW master_weights %s, moments %s%s", master_weights_name(pl.master_weights),
+                    optimizer_state_dtype_name(pl.state_dtype), pl.step_in_backward ? ", step in backward" : "");
+  }
   I.log(buf);
   for (const std::string& o : I.device_overrides)
     I.log("not applied (apply_device_overrides does that; kestrel-train calls it): " + o);
