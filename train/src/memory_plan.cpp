@@ -423,11 +423,6 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const OptimizerPlacement placement = optimizer_placement_from_config(cfg, on_cuda ? Device::cuda(0) : Device::cpu());
   const OptimizerStateBytes per_param = optimizer_state_bytes_per_param(placement, dtype, on_cuda);
   const bool step_in_backward = placement.step_in_backward;
-  // optimizer.gradients "host" (train/src/gradient_stream.h) copies each gradient out at the hook where
-  // step_in_backward would update it: on the device both drop it at the same point.
-  const bool stream_grads = on_cuda && cfg["optimizer"]["gradients"] == "host";
-  const bool drop_grads = step_in_backward || stream_grads;
-  if (stream_grads) plan.host_gradients = plan.parameters * b;
   plan.optimizer_offload = optimizer_offload_name(placement.offload);
   plan.master_weights = master_weights_name(placement.master_weights);
   plan.state_dtype = optimizer_state_dtype_name(placement.state_dtype);
