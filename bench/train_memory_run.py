@@ -172,6 +172,7 @@ def main():
         "optimizer_ms_median": statistics.median([r.get("optimizer_ms", 0) for r in timed]) if timed else None,
         "gpu_idle_ms_median": statistics.median([r.get("gpu_idle_ms", 0) for r in timed]) if timed else None,
         "kestrel_peak_footprint_gib": max((r.get("peak_footprint_bytes", 0) for r in rows), default=0) / GIB,
+        "kestrel_peak_in_use_gib": max((r.get("peak_bytes", 0) for r in rows), default=0) / GIB,
         "nvml_peak_gib": nvml_peak / GIB,
         "nvml_source": "process" if peak["process_seen"] else "device used - baseline",
         "nvml_samples": peak["samples"],
@@ -184,7 +185,7 @@ def main():
     print(f"| {summary['label']} | rc {rc} | steps {summary['steps']} | loss {summary['first_loss']} -> "
           f"{summary['last_loss']} | {tokps:.0f} tok/s | NVML peak {summary['nvml_peak_gib']:.2f} GiB "
           f"({summary['nvml_source']}, {peak['samples']} samples) | Kestrel footprint peak "
-          f"{summary['kestrel_peak_footprint_gib']:.2f} GiB | optimizer {summary['optimizer_ms_median']} ms, "
+          f"{summary['kestrel_peak_footprint_gib']:.2f} GiB (in use {summary['kestrel_peak_in_use_gib']:.2f}) | optimizer {summary['optimizer_ms_median']} ms, "
           f"GPU idle {summary['gpu_idle_ms_median']} ms | host RSS peak {summary['host_rss_peak_gib']:.1f} GiB, "
           f"pinned {summary['host_pinned_peak_gib']:.2f} GiB |", flush=True)
     if a.json:

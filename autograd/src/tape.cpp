@@ -143,14 +143,18 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_
   NoGradGuard no_grad;
   for (size_t k = entries.size(); k-- > 0;) {
     std::unique_ptr<TapeEntry> e = std::move(entries[k]);
-    // Prefetch for the next region going backward, so its copy overlaps this entry's compute.
+    // Prefetch for the next region going backward, so its copy overlaps this entry's compute: one
+    // region ahead, no more. The search stops at the nearest earlier region even when its prefetch
+    // was already issued (by an entry after it), so restored inputs never pile up two or more ahead.
     for (size_t j = k; j-- > 0;) {
-      if (entries[j] && entries[j]->prefetch) {
+      if (!entries[j] || !(entries[j]->prefetch || entries[j]->prefetch_issued)) continue;
+      if (entries[j]->prefetch) {
         auto pf = std::move(entries[j]->prefetch);
         entries[j]->prefetch = nullptr;
+        entries[j]->prefetch_issued = true;
         pf();
-        break;
       }
+      break;
     }
     std::vector<Tensor> gouts(e->outputs.size());
     bool any = false;

@@ -137,6 +137,41 @@ TEST(Recompute, OffloadSkipsParameters) {
   EXPECT_EQ(xg.to_float_vector(), x.grad().to_float_vector());
 }
 
+// Offloaded region inputs come back one region ahead of backward, no further: with a chain of
+// regions behind a few plain ops, while region i re-runs only region i - 1 has been prefetched
+// beyond it (two restored inputs live, which is what the planner counts; the plain entries used to
+// fetch one region further each).
+struct OrderHandle final : ag::OffloadHandle {
+  Tensor t;
+  int id;
+  std::vector<std::string>* log;
+  OrderHandle(Tensor x, int i, std::vector<std::string>* l) : t(std::move(x)), id(i), log(l) {}
+  void prefetch() override { log->push_back("prefetch " + std::to_string(id)); }
+  Tensor get() override {
+    log->push_back("get " + std::to_string(id));
+    return t;
+  }
+};
+
+TEST(Recompute, OffloadPrefetchesOneRegionAhead) {
+  std::vector<std::string> log;
+  int next = 0;
+  ag::set_offloader(Device::cpu(), [&](const Tensor& t) -> std::unique_ptr<ag::OffloadHandle> {
+    return std::make_unique<OrderHandle>(t, next++, &log);
+  });
+  Tensor w = randn({5, 5}).set_requires_grad(true);
+  Tensor h = mul(randn({3, 5}), randn({3, 5}));
+  auto fn = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tanh(matmul(in[0], w))}; };
+  for (int i = 0; i < 4; ++i) h = ag::recompute(fn, {h}, {ag::RecomputePolicy::Offload, "r" + std::to_string(i)})[0];
+  // Plain entries after the last region (a norm and a loss stand-in).
+  Tensor loss = sum(mul(tanh(h), h));
+  ag::backward(loss);
+  ag::set_offloader(Device::cpu(), nullptr);
+  // Region 3's input is fetched during the plain entries; as region i starts it fetches i - 1's.
+  EXPECT_EQ(log, (std::vector<std::string>{"prefetch 3", "prefetch 2", "get 3", "prefetch 1", "get 2", "prefetch 0",
+                                          "get 1", "get 0"}));
+}
+
 TEST(Recompute, PolicyNames) {
   EXPECT_EQ(ag::parse_recompute_policy("offload"), ag::RecomputePolicy::Offload);
   EXPECT_THROW(ag::parse_recompute_policy("sometimes"), Error);

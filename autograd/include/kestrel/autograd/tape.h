@@ -34,6 +34,7 @@ struct TapeEntry {
   std::vector<std::shared_ptr<AutogradMeta>> region_leaves;
   // Called (in backward) shortly before this entry runs: used to prefetch offloaded inputs.
   std::function<void()> prefetch;
+  bool prefetch_issued = false;  // prefetch has run (it is then null)
 };
 
 class Tape {
