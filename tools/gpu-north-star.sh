@@ -13,6 +13,8 @@
 #   compact: the compact-optimizer tests (q8 moments, bf16 without master, step in backward: issue 21),
 #            the plan, the 1.5B compact vs exact at 8k, then the 9B / 250k / 8k decoder inside 24 GiB
 #            (configs/llama_9b_250k_8k_compact.json, NS_STEPSC steps, default 20)
+#   quality: the 1.5B decoder on the Python stdlib (byte tokens), 300 steps (NS_STEPSQ) of exact AdamW and of
+#            the compact mode, both curves in bench/compact_quality.svg (bench/compact_quality.py)
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
 # Building BIN on the device (about 45 s on its 16 cores), from the repository root:
 #   cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_BUILD_TESTS=ON &&
@@ -59,6 +61,10 @@ fi
 
 S1=${NS_STEPS1:-12}
 S8=${NS_STEPS8:-4}
+if [ "$MODE" = quality ]; then
+  timeout 590 python3 bench/compact_quality.py --bin "$B" --steps "${NS_STEPSQ:-300}" 2>&1 | grep -v "^step" | tail -n 12
+  exit 0
+fi
 if [ "$MODE" = compact ]; then
   "$B/kestrel-mem" plan --config configs/llama_9b_250k_8k_compact.json 2>&1 | tee "$LOGS/plan_9b_compact.log" | tail -n 16
   run 1b5_exact 150 configs/llama_1b5_8k.json --set train.steps=10 --set train.grad_clip=0 --set out_dir=runs/1b5_exact
