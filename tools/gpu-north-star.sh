@@ -11,8 +11,8 @@
 #   all    : small + second
 #   acc8   : tests + the 9B inside 40 GiB at accumulation 8 (NS_STEPS8 steps), with its plan
 #   compact: the compact-optimizer tests (q8 moments, bf16 without master, step in backward: issue 21),
-#            the plan, the 1.5B compact vs exact at 8k, then the 9B / 250k / 8k decoder inside 24 GiB
-#            (configs/llama_9b_250k_8k_compact.json, NS_STEPSC steps, default 20)
+#            the plan, then the 9B / 250k / 8k decoder inside 24 GiB (configs/llama_9b_250k_8k_compact.json,
+#            NS_STEPSC steps, default 20); NS_SET="train.batch_size=2" for two 8k sequences per step
 #   quality: the 1.5B decoder on the Python stdlib (byte tokens), 300 steps (NS_STEPSQ) of exact AdamW and of
 #            the compact mode, both curves in bench/compact_quality.svg (bench/compact_quality.py)
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
@@ -67,8 +67,6 @@ if [ "$MODE" = quality ]; then
 fi
 if [ "$MODE" = compact ]; then
   "$B/kestrel-mem" plan --config configs/llama_9b_250k_8k_compact.json 2>&1 | tee "$LOGS/plan_9b_compact.log" | tail -n 16
-  run 1b5_exact 150 configs/llama_1b5_8k.json --set train.steps=10 --set train.grad_clip=0 --set out_dir=runs/1b5_exact
-  run 1b5_compact 150 configs/llama_1b5_8k_compact.json --set train.steps=10 --set out_dir=runs/1b5_compact
   run 9b_24g_compact 420 configs/llama_9b_250k_8k_compact.json --set train.steps="${NS_STEPSC:-20}" \
     --warmup 1 --set out_dir=runs/9b_compact
 fi
