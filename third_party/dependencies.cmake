@@ -26,24 +26,7 @@ endif()
 
 if(KESTREL_CUDA)
   find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cuda_driver, CUDA::cublasLt, CUDA::cublas
-  # cuDNN and NCCL ship as plain libraries (CUDA install or Debian/NVIDIA packages): imported targets.
-  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/include/x86_64-linux-gnu)
-  find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
-  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
-    add_library(kestrel_cudnn UNKNOWN IMPORTED)
-    set_target_properties(kestrel_cudnn PROPERTIES IMPORTED_LOCATION ${CUDNN_LIBRARY}
-                          INTERFACE_INCLUDE_DIRECTORIES ${CUDNN_INCLUDE_DIR})
-    set(KESTREL_HAVE_CUDNN ON PARENT_SCOPE)
-    set(KESTREL_HAVE_CUDNN ON)
-  endif()
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
-  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
-    add_library(kestrel_nccl UNKNOWN IMPORTED)
-    set_target_properties(kestrel_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
-                          INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
-    set(KESTREL_HAVE_NCCL ON)
-  endif()
-  message(STATUS "Kestrel CUDA: toolkit ${CUDAToolkit_VERSION}, arch ${CMAKE_CUDA_ARCHITECTURES}, "
-                 "cuDNN ${KESTREL_HAVE_CUDNN}, NCCL ${KESTREL_HAVE_NCCL}")
+  # cuDNN and NCCL are not looked for: nothing uses them yet (patch embedding is unfold + GEMM, and
+  # there is no multi-GPU training); DESIGN.md lists this among the departures.
+  message(STATUS "Kestrel CUDA: toolkit ${CUDAToolkit_VERSION}, arch ${CMAKE_CUDA_ARCHITECTURES}")
 endif()

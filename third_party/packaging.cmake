@@ -1,6 +1,7 @@
 # Packaging: `cmake --install <build> --prefix <dir>` produces a relocatable package for embedders:
-#   include/kestrel/...                      every layer's public headers (private ones stay behind)
-#                                            and the umbrella kestrel/kestrel.h (top-level include/)
+#   include/kestrel/...                      the public headers (KESTREL_INTERNAL_HEADERS and private
+#                                            ones stay behind), the umbrella kestrel/kestrel.h
+#                                            (top-level include/) and, built with CUDA, kestrel/cuda/
 #   lib/libkestrel.so                        RPATH $ORIGIN (+ the CUDA library dir when built with CUDA)
 #   lib/cmake/kestrel/kestrelConfig.cmake    find_package(kestrel CONFIG) -> kestrel::kestrel
 #   lib/cmake/kestrel/kestrelConfigVersion.cmake
@@ -20,10 +21,33 @@ install(TARGETS kestrel EXPORT kestrelTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The installed headers are what an embedding app needs (kestrel/kestrel.h and what it includes, the
+# safetensors and token-file formats), nothing more. Headers that other layers of this tree include
+# but an app does not stay behind: the tools' and the trainer's internals (planner, profiler and its
+# PyTorch-snapshot writer, data loaders, tokenizers, image decoding), kernel plumbing (dtype
+# dispatch, workspace sizes) and the binaries' number parsing. tests/consumer/check_package.sh checks
+# that every installed header compiles on its own from the install tree.
+set(KESTREL_INTERNAL_HEADERS
+    runtime/dtype_dispatch.h runtime/parse_number.h
+    ops/workspace_sizes.h
+    models/json_text.h
+    train/bpe_tokenizer.h train/host_batch.h train/image_io.h train/memory_plan.h train/memory_profile.h
+    train/memory_viz_export.h train/pickle_writer.h train/shapes_dataset.h train/token_data.h
+    train/tokenize_text.h train/tokenizer.h train/vlm_data.h)
+list(TRANSFORM KESTREL_INTERNAL_HEADERS REPLACE "^([a-z_]+)/([a-z0-9_]+)\\.h$" "/kestrel/\\1/\\2.h$")
+list(JOIN KESTREL_INTERNAL_HEADERS "|" _kestrel_internal_regex)
 foreach(dir IN LISTS KESTREL_LAYERS ITEMS .)  # "." : the umbrella kestrel/kestrel.h in include/
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-          FILES_MATCHING PATTERN "*.h")
+          FILES_MATCHING PATTERN "*.h"
+          REGEX "(${_kestrel_internal_regex})" EXCLUDE
+          REGEX "/kestrel/cuda(/|$)" EXCLUDE)
 endforeach()
+# The optional CUDA component: headers with CUDA types (cuda_runtime.h, cublasLt.h) or a CUDA-only
+# API, for apps that launch their own kernels on Kestrel's streams. A CPU build installs none.
+if(KESTREL_CUDA)
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/runtime/include/kestrel/cuda DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kestrel
+          COMPONENT cuda FILES_MATCHING PATTERN "*.h")
+endif()
 
 # The top-level executables (kestrel-train, kestrel-demo, kestrel-grad, ...); tests and benches live in
 # subdirectories and are not installed.

@@ -2,8 +2,11 @@
 # Checks the layers' includes, builds everything (CUDA code too where nvcc exists), runs every test
 # through ctest.
 # GPU tests skip cleanly on machines without a GPU. Then checks the installed package with the consumer
-# project in tests/consumer. Usage: tools/test.sh [extra ctest args]
-# Environment: KESTREL_BUILD_DIR (default build), KESTREL_CUDA=ON|OFF (default: ON when nvcc exists).
+# project in tests/consumer, and runs the sanitizer step (tools/sanitize.sh: ThreadSanitizer over the
+# CPU pool's stress tests, AddressSanitizer + UBSan over the runtime, autograd, models and train
+# suites; about 10 minutes on two cores). Usage: tools/test.sh [extra ctest args]
+# Environment: KESTREL_BUILD_DIR (default build), KESTREL_CUDA=ON|OFF (default: ON when nvcc exists),
+# KESTREL_SANITIZE=0 skips the sanitizer step (local runs; CI runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The layering (runtime <- autograd <- ops <- models <- train <- tools) from the includes: a second,
@@ -17,3 +20,6 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
 # The installable package: install into a temporary prefix, build and run tests/consumer against it
 # (find_package and pkg-config). Reuses the build above; only the tiny consumer is compiled.
 bash tests/consumer/check_package.sh "$BUILD_DIR"
+# Sanitizers (CPU only, their own build folders): a data race, a memory error or undefined behaviour
+# fails CI.
+bash tools/sanitize.sh

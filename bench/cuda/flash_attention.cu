@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash_attention.h"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 
 #include <functional>
 
-#include "cuda/matmul_config.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kernels/norm.h"
 #include "kernels/softmax.h"
 #include "kestrel/autograd/tape.h"
@@ -22,8 +22,8 @@
 #include "kestrel/ops/rope.h"
 #include "kestrel/ops/softmax.h"
 #include "kestrel/runtime/accumulate.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/random.h"
 
 namespace kestrel {
@@ -205,7 +205,7 @@ void gemm_pair(benchmark::State& state, DType dt, bool kestrel_side) {
   }();
   cublasSetStream(h, cuda::current_stream());
   cudaDataType_t t = dt == DType::BF16 ? CUDA_R_16BF : (dt == DType::F16 ? CUDA_R_16F : CUDA_R_32F);
-  bool tf32 = cuda_ops::matmul_allow_tf32();
+  bool tf32 = memory_config(Device::cuda(cuda::current_device())).matmul_tf32;
   cublasComputeType_t ct = dt == DType::F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   float alpha = 1, beta = 0;
   time_loop(state, [&] {

@@ -2,7 +2,7 @@
 // models and the training pieces (AdamW, schedule, the config-driven Trainer). No CUDA header is
 // pulled in: devices, streams and budgets are passed as kestrel::Device, kestrel::StreamHandle
 // (an opaque cudaStream_t) and byte counts. Kernel authors who need CUDA types include
-// kestrel/runtime/cuda_context.h and kestrel/runtime/cuda_check.h themselves.
+// kestrel/cuda/context.h and kestrel/cuda/check.h themselves.
 // Link the CMake target kestrel::kestrel (or pkg-config kestrel). JSON configs use nlohmann::json,
 // which the package declares as a dependency.
 #pragma once
@@ -16,6 +16,7 @@
 #include "kestrel/runtime/log.h"
 #include "kestrel/runtime/memory.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/memory_report.h"
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::cuda_ops {

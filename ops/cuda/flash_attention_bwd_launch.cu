@@ -12,8 +12,8 @@
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
 #include "kestrel/ops/workspace_sizes.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {

@@ -21,7 +21,7 @@
 
 #include "cuda/flash_attention_common.cuh"
 #include "cuda/flash_attention_launch.cuh"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 
 namespace kestrel::cuda::fa {
 

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda::fa {

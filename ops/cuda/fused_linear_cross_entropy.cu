@@ -13,7 +13,7 @@
 
 #include "cuda/fused_linear_cross_entropy.h"
 #include "cuda/fused_linear_cross_entropy_internal.h"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {

@@ -9,8 +9,8 @@
 #include <cmath>
 
 #include "cuda/fused_linear_cross_entropy_internal.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {

@@ -7,7 +7,8 @@
 // operand with neither (e.g. a doubly strided slice) is copied to contiguous first. Batches are
 // strided (a batch stride of 0 shares the operand); a shared 2-D right operand with a row-major,
 // batch-contiguous left operand is folded into one GEMM of B*M rows. Bias goes through the BIAS
-// epilogue. f32 runs exact f32 unless TF32 is switched on (cuda/matmul_config.h).
+// epilogue. f32 runs exact f32 unless the device's MemoryConfig::matmul_tf32 is on (memory.matmul_tf32,
+// KESTREL_MATMUL_TF32; kestrel/runtime/memory_config.h): then CUBLAS_COMPUTE_32F_FAST_TF32.
 //
 // The heuristic's algorithm is cached per (shapes, layouts, dtype, alignment, epilogue, device).
 #include <cstdlib>
@@ -17,17 +18,10 @@
 #include <unordered_map>
 
 #include "cuda/common.cuh"
-#include "cuda/matmul_config.h"
 #include "kernels/matmul.h"
 
 namespace kestrel::cuda_ops {
 namespace {
-
-bool initial_tf32() {
-  const char* v = std::getenv("KESTREL_MATMUL_TF32");
-  return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
-}
-bool g_allow_tf32 = initial_tf32();
 
 struct LtOperand {
   cublasOperation_t op;
@@ -124,7 +118,7 @@ void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   }
   Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
 
-  bool tf32 = dt == DType::F32 && g_allow_tf32;
+  bool tf32 = dt == DType::F32 && cuda::matmul_tf32();
   cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cudaDataType_t ct = cuda_type(dt);
   size_t elt = dtype_size(dt);
@@ -200,9 +194,6 @@ void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
 }
 
 }  // namespace
-
-void set_matmul_allow_tf32(bool on) { g_allow_tf32 = on; }
-bool matmul_allow_tf32() { return g_allow_tf32; }
 
 KESTREL_REGISTER_KERNEL(matmul, cuda, matmul_cuda);
 

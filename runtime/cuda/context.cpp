@@ -1,5 +1,7 @@
-// The per-device CUDA context: created lazily on first use of a device. It owns the compute and
-// copy streams, the cuBLASLt handle and its workspace (from the caching allocator, tag Workspace),
+// The per-device CUDA context: created lazily on first use of a device (or by configure_memory,
+// with that config). It owns the compute and copy streams, the cuBLASLt handle and its workspace
+// (from the caching allocator, tag Workspace), the device's MemoryConfig (memory_config.h: the
+// budget goes to the caching allocator, its one owner; TF32 and the offload bound stay here),
 // and measures what the CUDA context and cuBLAS cost on the device (External) as the drop in free
 // memory from before the context existed (NVML, no context needed) to after their initialisation.
 #include "context.h"
@@ -9,13 +11,12 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "kestrel/runtime/log.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_trace.h"
 
 namespace kestrel::cuda {
@@ -84,11 +85,53 @@ Context& Context::get(int device) {
   Context* c = g_contexts[device];
   if (c) return *c;
   std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_contexts[device]) g_contexts[device] = new Context(device);
+  if (!g_contexts[device]) g_contexts[device] = new Context(device, default_memory_config());
   return *g_contexts[device];
 }
 
-Context::Context(int device) : device_(device) {
+Context* Context::find(int device) {
+  if (device < 0 || device >= device_count()) return nullptr;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_contexts[device];
+}
+
+void Context::configure(int device, const MemoryConfig& config) {
+  KESTREL_CHECK(device >= 0 && device < device_count(), "cuda", "device cuda:", device, " does not exist (",
+                device_count(), " visible)");
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_contexts[device]) {
+    g_contexts[device] = new Context(device, config);
+    return;
+  }
+  Context& c = *g_contexts[device];
+  KESTREL_CHECK(config.allocator == c.allocator_, "cuda", "memory.allocator: cuda:", device, " was initialised with the ",
+                allocator_backend_name(c.allocator_), " allocator and cannot switch to ",
+                allocator_backend_name(config.allocator), "; configure the device before its first use");
+  c.apply(config);
+}
+
+void Context::apply(const MemoryConfig& config) {
+  policy_->set_budget(config.budget);
+  // A lower budget binds at once: cached segments above it go back to the device (memory in use
+  // stays; the next allocation that needs a new segment meets the ladder).
+  if (config.budget > 0 && memory_trace(Device::cuda(device_)).snapshot().footprint() > config.budget)
+    policy_->release_cached();
+  set_pinned_pool_limit(config.pinned_limit);  // one pool per process: the last device configured sets it
+  offload_inflight_.store(config.offload_inflight);
+  matmul_tf32_.store(config.matmul_tf32);
+}
+
+MemoryConfig Context::memory_config() const {
+  MemoryConfig c;
+  c.budget = policy_->budget();
+  c.pinned_limit = pinned_stats().limit;
+  c.offload_inflight = offload_inflight();
+  c.allocator = allocator_;
+  c.matmul_tf32 = matmul_tf32();
+  return c;
+}
+
+Context::Context(int device, const MemoryConfig& config) : device_(device), allocator_(config.allocator) {
   install_allocators(device_count());
   // Free memory before this process has a context on the device (NVML), then create it.
   int64_t nvml_before = nvml_free_memory(device);
@@ -112,13 +155,12 @@ Context::Context(int device) : device_(device) {
   }
   memory_trace(Device::cuda(device)).set_external(free_at_start_ - static_cast<int64_t>(free_now));
 
-  const char* mode = std::getenv("KESTREL_CUDA_ALLOCATOR");
-  std::string m = mode ? mode : "vmm";
-  KESTREL_CHECK(m == "vmm" || m == "malloc", "cuda", "KESTREL_CUDA_ALLOCATOR must be vmm or malloc, got '", m, "'");
-  mem_backend_ = m == "vmm" ? make_vmm_backend(device, free_at_start_) : make_malloc_backend(device, free_at_start_);
+  mem_backend_ = allocator_ == AllocatorBackend::Vmm ? make_vmm_backend(device, free_at_start_)
+                                                    : make_malloc_backend(device, free_at_start_);
   policy_ = std::make_unique<CachingAllocatorPolicy>(mem_backend_.get(), &memory_trace(Device::cuda(device)),
                                                      Device::cuda(device));
   policy_->set_spill_hook([device](int64_t need) { return spill_for(device, need); });
+  apply(config);
   workspace_ = policy_->allocate(kWorkspaceBytes, MemoryTag::Workspace, compute_);
   install_offloader(device);
 }
@@ -157,6 +199,7 @@ cublasLtHandle_t cublaslt_handle(int device) {
 void* cublaslt_workspace(size_t* bytes, int device) {
   return Context::get(device < 0 ? current_device() : device).workspace(bytes);
 }
+bool matmul_tf32(int device) { return Context::get(device < 0 ? current_device() : device).matmul_tf32(); }
 
 DeviceGuard::DeviceGuard(int device) : saved_(current_device()) {
   if (device != saved_) KESTREL_CUDA_CHECK(cudaSetDevice(device));

@@ -4,18 +4,24 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
 #include "kestrel/runtime/allocator.h"
-#include "kestrel/runtime/caching_allocator_policy.h"
+#include "src/caching_allocator_policy.h"
+#include "kestrel/runtime/memory_config.h"
 
 namespace kestrel::cuda {
 
 class Context {
  public:
-  // The device's context, created on first use (thread-safe).
+  // The device's context, created on first use (thread-safe) with default_memory_config().
   static Context& get(int device);
+  // Pushes `config` into the device's context, creating it with it when it does not exist yet.
+  static void configure(int device, const MemoryConfig& config);
+  // The context when it exists, else nullptr (never creates one).
+  static Context* find(int device);
   // Number of visible devices; 0 (never a crash) without a driver or GPU.
   static int device_count();
 
@@ -31,8 +37,12 @@ class Context {
   CachingAllocatorPolicy& policy() { return *policy_; }
   DeviceMemoryBackend& memory_backend() { return *mem_backend_; }
   int64_t free_at_start() const { return free_at_start_; }
+  // The settings the context runs with (the budget read back from the allocator, its owner).
+  MemoryConfig memory_config() const;
+  bool matmul_tf32() const { return matmul_tf32_.load(std::memory_order_relaxed); }
+  int64_t offload_inflight() const { return offload_inflight_.load(std::memory_order_relaxed); }
 
-  explicit Context(int device);
+  Context(int device, const MemoryConfig& config);
   ~Context();
 
  private:
@@ -43,6 +53,11 @@ class Context {
   std::unique_ptr<CachingAllocatorPolicy> policy_;
   Allocation workspace_;
   int64_t free_at_start_ = -1;
+  AllocatorBackend allocator_ = AllocatorBackend::Vmm;
+  std::atomic<bool> matmul_tf32_{false};
+  std::atomic<int64_t> offload_inflight_{0};
+
+  void apply(const MemoryConfig& config);  // everything but the allocator backend
 };
 
 // Device memory backends (device_memory_backends.cpp).

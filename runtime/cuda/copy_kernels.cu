@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "copy_kernels.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/dtype_dispatch.h"
 #include "kestrel/runtime/philox.h"
 

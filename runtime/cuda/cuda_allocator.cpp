@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "context.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/context.h"
 
 namespace kestrel::cuda {
 namespace {

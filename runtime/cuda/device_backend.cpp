@@ -5,8 +5,8 @@
 #include "src/backend.h"
 #include "context.h"
 #include "copy_kernels.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -58,6 +58,12 @@ class CudaDeviceBackend final : public detail::DeviceBackend {
     info.compute_minor = prop.minor;
     info.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
     return info;
+  }
+
+  void configure_memory(int index, const MemoryConfig& config) override { Context::configure(index, config); }
+  MemoryConfig memory_config(int index) override {
+    const Context* c = Context::find(index);
+    return c ? c->memory_config() : default_memory_config();
   }
 };
 

@@ -9,8 +9,8 @@
 #include <cuda.h>
 
 #include "context.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 
 namespace kestrel::cuda {
 namespace {

@@ -5,7 +5,7 @@
 //   record_stream(D2H), so it returns to the cache when the copy has completed and the compute stream
 //   never waits. prefetch() copies it back on the H2D stream; get() makes the compute stream wait
 //   on that copy's event only.
-//   Back-pressure: at most KESTREL_OFFLOAD_INFLIGHT_MB (default 256) of offload copies may be in
+//   Back-pressure: at most memory.offload_inflight (KESTREL_OFFLOAD_INFLIGHT_MB, default 256 MiB) of offload copies may be in
 //   flight per device. Past that the host waits for the oldest copy, so the device blocks return
 //   to the cache before new activations are allocated: when compute outruns the copy engine the
 //   peak stays bounded (the step slows instead of the footprint growing).
@@ -19,9 +19,9 @@
 #include <mutex>
 
 #include "context.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/offload.h"
 
@@ -41,14 +41,8 @@ struct InFlight {
 };
 InFlight* const g_inflight = new InFlight[64];  // never destroyed: its events outlive static destructors
 
-int64_t inflight_limit() {
-  static const int64_t limit = [] {
-    const char* e = std::getenv("KESTREL_OFFLOAD_INFLIGHT_MB");
-    int64_t mb = e ? std::atoll(e) : 256;
-    return (mb > 0 ? mb : 256) << 20;
-  }();
-  return limit;
-}
+// The device's bound (MemoryConfig::offload_inflight, pushed into its context by configure_memory).
+int64_t inflight_limit(int device) { return Context::get(device).offload_inflight(); }
 
 // Records a new copy and waits (host side) for the oldest ones while too many bytes are in flight.
 void throttle(int device, std::shared_ptr<Event> done, int64_t bytes) {
@@ -60,7 +54,7 @@ void throttle(int device, std::shared_ptr<Event> done, int64_t bytes) {
     auto& [ev, b] = f.copies.front();
     cudaError_t q = cudaEventQuery(ev->get());
     if (q == cudaErrorNotReady) {
-      if (f.bytes <= inflight_limit()) break;
+      if (f.bytes <= inflight_limit(device)) break;
       KESTREL_CUDA_CHECK(cudaEventSynchronize(ev->get()));
     } else {
       KESTREL_CUDA_CHECK(q);

@@ -5,14 +5,14 @@
 // first; a request that still does not fit throws.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <vector>
 
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_config.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -27,10 +27,7 @@ struct Pool {
   };
   std::vector<Pending> pending;
   PinnedStats st;
-  Pool() {
-    const char* env = std::getenv("KESTREL_PINNED_LIMIT");
-    st.limit = env ? parse_bytes(env) : (64LL << 30);
-  }
+  Pool() { st.limit = default_memory_config().pinned_limit; }  // a configured device sets its own
   void reap(bool wait) {
     std::vector<Pending> still;
     for (Pending& p : pending) {
@@ -83,7 +80,7 @@ PinnedBuffer pinned_alloc(size_t bytes) {
     KESTREL_CHECK(p.st.held + static_cast<int64_t>(size) <= p.st.limit, "pinned-pool", "request of ",
                   format_bytes(static_cast<int64_t>(size)), " would exceed the pinned host pool limit ",
                   format_bytes(p.st.limit), " (", format_bytes(p.st.in_use),
-                  " in use); raise it with set_pinned_pool_limit or KESTREL_PINNED_LIMIT");
+                  " in use); raise it with memory.pinned_limit, KESTREL_PINNED_LIMIT or set_pinned_pool_limit");
     void* ptr = nullptr;
     KESTREL_CUDA_CHECK(cudaHostAlloc(&ptr, size, cudaHostAllocPortable));
     out.ptr_ = ptr;

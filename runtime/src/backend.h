@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kestrel/runtime/device_info.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::detail {
@@ -29,6 +30,10 @@ class DeviceBackend {
   virtual void fill_random(const Tensor& dst, bool normal, uint64_t seed, uint64_t offset, double a, double b) = 0;
   // Name, SM count, compute capability and memory of device `index` (device_info.cpp adds the peak).
   virtual DeviceInfo device_info(int index) = 0;
+  // Pushes a validated config into device `index` (initialising it with it when it is not yet);
+  // reads what it runs with (the defaults before it is initialised).
+  virtual void configure_memory(int index, const MemoryConfig& config) = 0;
+  virtual MemoryConfig memory_config(int index) = 0;
 };
 
 void register_cuda_backend(DeviceBackend* backend);

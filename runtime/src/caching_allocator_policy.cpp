@@ -1,7 +1,7 @@
 // The caching allocator's policy: pools, best fit, split/merge, stream-aware reuse and the budget
 // ladder. The design note is at the top of caching_allocator_policy.h. No CUDA here: the device
 // is reached only through DeviceMemoryBackend, so CI runs this against a simulated device.
-#include "kestrel/runtime/caching_allocator_policy.h"
+#include "src/caching_allocator_policy.h"
 
 #include "kestrel/runtime/log.h"
 
@@ -39,7 +39,7 @@ bool CachingAllocatorPolicy::BySize::operator()(const Block* a, const Block* b) 
 }
 
 CachingAllocatorPolicy::CachingAllocatorPolicy(DeviceMemoryBackend* backend, MemoryTrace* trace, Device device)
-    : backend_(backend), trace_(trace), device_(device), budget_(-1) {}
+    : backend_(backend), trace_(trace), device_(device) {}
 
 CachingAllocatorPolicy::~CachingAllocatorPolicy() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -74,14 +74,9 @@ size_t CachingAllocatorPolicy::round_size(size_t bytes) {
   return bytes < kRound ? kRound : (bytes + kRound - 1) / kRound * kRound;
 }
 
-void CachingAllocatorPolicy::set_budget(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  budget_ = bytes > 0 ? bytes : 0;
-}
+void CachingAllocatorPolicy::set_budget(int64_t bytes) { budget_.store(bytes > 0 ? bytes : 0); }
 
-int64_t CachingAllocatorPolicy::budget() const {
-  return budget_ >= 0 ? budget_ : memory_budget(device_);
-}
+int64_t CachingAllocatorPolicy::budget() const { return budget_.load(std::memory_order_relaxed); }
 
 void CachingAllocatorPolicy::set_spill_hook(SpillHook hook) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -430,7 +425,7 @@ OutOfBudgetReport CachingAllocatorPolicy::report_locked(int64_t request) const {
     moves += "lower the micro-batch or sequence length, or use recompute=offload (saved layer inputs in host memory)";
     if (r.budget > 0)
       r.suggestion = "raise the budget by at least " + format_bytes(short_by) +
-                     " (set_memory_budget / memory_budget), or " + moves;
+                     " (memory_budget / KESTREL_MEMORY_BUDGET / set_memory_budget), or " + moves;
     else
       r.suggestion = "the device is full: " + moves;
   }

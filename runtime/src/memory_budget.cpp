@@ -1,4 +1,5 @@
-// The per-device budget registry, byte parsing/formatting and the OutOfBudget report text.
+// Byte parsing/formatting and the OutOfBudget report text. (The budget itself lives in the device's
+// caching allocator, pushed there by configure_memory: memory_config.cpp.)
 #include "kestrel/runtime/memory_budget.h"
 
 #include <cctype>
@@ -6,37 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <sstream>
 
-#include "kestrel/runtime/allocator.h"
 #include "kestrel/runtime/memory_trace.h"
 
 namespace kestrel {
-namespace {
-std::mutex g_mu;
-std::map<std::pair<int, int>, int64_t>& budgets() {
-  static std::map<std::pair<int, int>, int64_t> m;
-  return m;
-}
-}  // namespace
-
-void set_memory_budget(Device device, int64_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    budgets()[{static_cast<int>(device.type), device.index}] = bytes > 0 ? bytes : 0;
-  }
-  // A lower budget binds at once: cached segments above it go back to the device (memory in use
-  // stays; the next allocation that needs a new segment meets the ladder).
-  if (bytes > 0 && !device.is_cpu() && device_footprint(device) > bytes)
-    if (Allocator* a = installed_allocator(device)) a->release_cached();
-}
-
-int64_t memory_budget(Device device) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = budgets().find({static_cast<int>(device.type), device.index});
-  return it == budgets().end() ? 0 : it->second;
-}
 
 int64_t device_footprint(Device device) { return memory_trace(device).snapshot().footprint(); }
 int64_t device_peak_footprint(Device device) { return memory_trace(device).snapshot().peak_footprint; }

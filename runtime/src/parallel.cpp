@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "kestrel/runtime/memory_config.h"  // default_cpu_threads (KESTREL_NUM_THREADS)
 
 namespace kestrel {
 namespace {
@@ -119,17 +120,9 @@ class Pool {
   bool stopping_ = false;
 };
 
-int default_threads() {
-  if (const char* e = std::getenv("KESTREL_NUM_THREADS")) {
-    int n = std::atoi(e);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 std::mutex g_pool_mu;
 Pool& pool() {
-  static Pool p(default_threads());
+  static Pool p(default_cpu_threads());
   return p;
 }
 
@@ -139,7 +132,7 @@ int num_cpu_threads() { return pool().size(); }
 
 void set_num_cpu_threads(int n) {
   std::lock_guard<std::mutex> g(g_pool_mu);
-  pool().resize(n > 0 ? n : default_threads());
+  pool().resize(n > 0 ? n : default_cpu_threads());
 }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

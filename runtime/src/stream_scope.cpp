@@ -4,7 +4,7 @@
 
 #include "kestrel/runtime/error.h"
 #if KESTREL_WITH_CUDA
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/context.h"
 #endif
 
 namespace kestrel {

@@ -19,6 +19,16 @@ echo "[package] $(find "$prefix" -type f | wc -l) files; libkestrel.so RUNPATH: 
 if find "$prefix/include" -name '*.h' -print0 | xargs -0 grep -l '#include "\(cpu\|cuda\|src\)/' | grep .; then
   echo "[package] installed headers include private headers"; exit 1
 fi
+# The public surface: CUDA types only in the optional kestrel/cuda/ component (a CPU build installs
+# none of it), and every other installed header compiles on its own from the install tree alone
+# (no header it needs was left behind as internal).
+if find "$prefix/include" -name '*.h' -not -path '*/kestrel/cuda/*' -print0 |
+   xargs -0 grep -l '#include <\(cuda\|cublas\|cudnn\|nccl\)' | grep .; then
+  echo "[package] installed headers outside kestrel/cuda/ include CUDA headers"; exit 1
+fi
+if [ -d "$prefix/include/kestrel/cuda" ] && ! grep -q 'WITH_CUDA=1' "$lib/pkgconfig/kestrel.pc"; then
+  echo "[package] a CPU-only build installed the kestrel/cuda/ component"; exit 1
+fi
 
 echo "[package] consumer via find_package(kestrel CONFIG)"
 cmake -S "$here" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" ||
@@ -29,6 +39,16 @@ cmake --build "$tmp/consumer"
 
 echo "[package] consumer via pkg-config"
 export PKG_CONFIG_PATH=$lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+cflags=$(pkg-config --cflags kestrel)
+n=0
+for h in $(cd "$prefix/include" && find kestrel -name '*.h' -not -path 'kestrel/cuda/*' | sort); do
+  printf '#include <%s>\n#include <%s>\n' "$h" "$h" >"$tmp/one_header.cpp"  # twice: include guards too
+  # shellcheck disable=SC2086
+  ${CXX:-c++} -std=c++20 -fsyntax-only $cflags "$tmp/one_header.cpp" ||
+    { echo "[package] installed header $h does not compile on its own"; exit 1; }
+  n=$((n + 1))
+done
+echo "[package] $n installed headers compile on their own; kestrel/cuda/: $(ls "$prefix/include/kestrel/cuda" 2>/dev/null | tr '\n' ' ')"
 flags=$(pkg-config --cflags --libs kestrel)
 echo "pkg-config --cflags --libs kestrel: $flags"
 # shellcheck disable=SC2086

@@ -20,6 +20,7 @@
 #include "kestrel/models/file_io.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
+#include "support/file_fixtures.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -63,34 +64,7 @@ void write_index(const fs::path& p, const std::string& tensor, const std::string
   write_text(p, j.dump());
 }
 
-// Watches a FIFO while a loader runs: a reader blocked in open() lets a non-blocking writer open
-// succeed, which both records the hang and releases the reader (so a regression fails, not hangs).
-class FifoWatch {
- public:
-  explicit FifoWatch(std::string path) : path_(std::move(path)) {
-    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0) << "mkfifo " << path_;
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        int fd = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd >= 0) {
-          blocked_reader_ = true;
-          ::close(fd);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    });
-  }
-  ~FifoWatch() {
-    stop_ = true;
-    thread_.join();
-  }
-  bool reader_blocked() const { return blocked_reader_; }
-
- private:
-  std::string path_;
-  std::atomic<bool> stop_{false}, blocked_reader_{false};
-  std::thread thread_;
-};
+using kestrel::testing::FifoWatch;
 
 }  // namespace
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kestrel/runtime/caching_allocator_policy.h"
+#include "runtime/src/caching_allocator_policy.h"
 
 namespace kestrel::testing {
 

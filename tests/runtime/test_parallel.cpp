@@ -29,6 +29,27 @@ TEST(ParallelFor, BackToBackJobsOfChangingSizeCoverEveryIndexOnce) {
   set_num_cpu_threads(0);
 }
 
+// Many workers and many tiny jobs (one to a few dozen chunks of one element): the hand-off from
+// job to job happens tens of thousands of times while workers are still leaving the previous job.
+// Every chunk runs exactly once and never outside its job's range. tools/sanitize.sh runs this
+// file under ThreadSanitizer too.
+TEST(ParallelFor, ManyThreadsManyTinyJobsRunEveryChunkExactlyOnce) {
+  set_num_cpu_threads(8);
+  std::vector<std::atomic<int>> hits(64);
+  std::atomic<int64_t> out_of_range{0};
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 2 + (job * 37) % 63;
+    for (int64_t i = 0; i < n; ++i) hits[i].store(0, std::memory_order_relaxed);
+    parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+      if (b < 0 || e > n || b >= e) ++out_of_range;
+      for (int64_t i = b; i < e && i < 64; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "job " << job << " index " << i;
+  }
+  EXPECT_EQ(out_of_range.load(), 0);
+  set_num_cpu_threads(0);
+}
+
 TEST(ParallelFor, CallersOnSeveralThreadsEachGetTheirOwnResult) {
   set_num_cpu_threads(3);
   std::atomic<int> bad{0};

@@ -22,6 +22,7 @@
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/vlm_data.h"
+#include "support/file_fixtures.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -29,6 +30,9 @@ using namespace kestrel;
 using namespace kestrel::train;
 using nlohmann::json;
 
+using kestrel::testing::FifoWatch;
+using kestrel::testing::png_chunk;
+using kestrel::testing::put_be32;
 using kestrel::testing::TempDir;
 
 namespace {
@@ -50,62 +54,12 @@ void expect_has(const std::string& msg, std::initializer_list<std::string> needl
   for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
 }
 
-// A FIFO watched while a loader runs: a reader blocked in open() lets a non-blocking writer open
-// succeed, which records the hang and releases the reader (a regression fails, it does not hang).
-class FifoWatch {
- public:
-  explicit FifoWatch(std::string path) : path_(std::move(path)) {
-    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0) << "mkfifo " << path_;
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        int fd = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd >= 0) {
-          blocked_reader_ = true;
-          ::close(fd);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    });
-  }
-  ~FifoWatch() {
-    stop_ = true;
-    thread_.join();
-  }
-  bool reader_blocked() const { return blocked_reader_; }
-
- private:
-  std::string path_;
-  std::atomic<bool> stop_{false}, blocked_reader_{false};
-  std::thread thread_;
-};
-
 json tiny_tokenizer(int64_t last_id) {
   json vocab = json::object();
   vocab["a"] = 0;
   vocab["b"] = last_id;
   return json{{"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
-}
-
-uint32_t crc32(const uint8_t* p, size_t n) {
-  uint32_t crc = ~0u;
-  for (size_t i = 0; i < n; ++i) {
-    crc ^= p[i];
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
-
-void put_be32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 3; i >= 0; --i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-void png_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
-  put_be32(out, static_cast<uint32_t>(data.size()));
-  std::vector<uint8_t> td(type, type + 4);
-  td.insert(td.end(), data.begin(), data.end());
-  out.insert(out.end(), td.begin(), td.end());
-  put_be32(out, crc32(td.data(), td.size()));
 }
 
 // A PNG whose header claims w x h 8-bit RGB pixels, followed by a few bytes of (unused) data.

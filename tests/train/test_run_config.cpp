@@ -2,7 +2,12 @@
 // memory_budget that kestrel-train, kestrel-mem, the Trainer and the planner share.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/train/run_config.h"
 #include "kestrel/train/train_config.h"
 
@@ -65,6 +70,39 @@ TEST(RunConfig, ErrorsNameTheKey) {
   for (const char* b : {"abc", "-1GiB"}) {
     const std::string m = error_of(with({{"memory_budget", b}}));
     EXPECT_NE(m.find("memory_budget"), std::string::npos) << m;
+  }
+}
+
+// The memory settings: "memory.*" keys whose defaults are the environment's (memory_config.h), typed
+// once here and pushed into the device by the Trainer; a malformed value is refused naming its key.
+TEST(RunConfig, MemoryKeysDefaultToTheEnvironmentAndAreChecked) {
+  const RunConfig d = RunConfig::resolve(train::default_train_config());
+  EXPECT_EQ(d.memory, default_memory_config());
+  json c = train::resolve_train_config(
+      {{"memory_budget", "30GiB"},
+       {"memory", {{"pinned_limit", "8GiB"}, {"offload_inflight", "64MiB"}, {"allocator", "malloc"}, {"matmul_tf32", true}}}},
+      "test");
+  const RunConfig r = RunConfig::resolve(c);
+  EXPECT_EQ(r.memory.budget, int64_t{30} << 30);
+  EXPECT_EQ(r.memory.pinned_limit, int64_t{8} << 30);
+  EXPECT_EQ(r.memory.offload_inflight, int64_t{64} << 20);
+  EXPECT_EQ(r.memory.allocator, AllocatorBackend::Malloc);
+  EXPECT_TRUE(r.memory.matmul_tf32);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"pinned_limit", "lots"},
+                                                                            {"pinned_limit", "0"},
+                                                                            {"offload_inflight", "-1MiB"},
+                                                                            {"allocator", "cudaMalloc"}}) {
+    json bad = train::default_train_config();
+    bad["memory"][key] = value;
+    const std::string m = error_of(bad);
+    EXPECT_NE(m.find("memory." + key), std::string::npos) << key << " = " << value << ": " << m;
+  }
+  // A wrong type is refused by the schema, naming the key.
+  try {
+    train::resolve_train_config({{"memory", {{"matmul_tf32", "yes"}}}}, "test");
+    ADD_FAILURE() << "memory.matmul_tf32 \"yes\" was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.matmul_tf32"), std::string::npos) << e.what();
   }
 }
 

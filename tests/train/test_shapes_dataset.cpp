@@ -13,6 +13,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/image_io.h"
 #include "kestrel/train/shapes_dataset.h"
+#include "support/file_fixtures.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -133,26 +134,8 @@ TEST(ShapesDataset, CaptionsMatchPixels) {
 
 namespace {
 
-uint32_t crc32(const uint8_t* p, size_t n, uint32_t crc = 0) {
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) {
-    crc ^= p[i];
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
-
-void put_be32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 3; i >= 0; --i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-void png_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
-  put_be32(out, static_cast<uint32_t>(data.size()));
-  std::vector<uint8_t> td(type, type + 4);
-  td.insert(td.end(), data.begin(), data.end());
-  out.insert(out.end(), td.begin(), td.end());
-  put_be32(out, crc32(td.data(), td.size()));
-}
+using kestrel::testing::png_chunk;
+using kestrel::testing::put_be32;
 
 // An 8-bit RGB PNG built by hand: zlib stream of one stored (uncompressed) deflate block.
 std::vector<uint8_t> make_png(const std::vector<uint8_t>& rgb, uint32_t w, uint32_t h) {

@@ -165,18 +165,19 @@ int main(int argc, char** argv) {
     const MemorySnapshot start = trace.snapshot();
     trace.set_event_logging(true, 1u << 21);
     std::optional<train::Trainer> built;
+    const std::string out_dir = cfg["out_dir"];
     try {
-      built.emplace(cfg);
-      built->set_overwrite_out_dir(overwrite_out_dir);
-      built->resume(resume, resume_options);
+      train::run_with_memory_report(
+          [&] {
+            built.emplace(cfg);
+            built->set_overwrite_out_dir(overwrite_out_dir);
+            built->resume(resume, resume_options);
+          },
+          out_dir, dev, start, nullptr, {{"source", "kestrel-train OutOfBudget while building the model or resuming"}});
     } catch (const OutOfBudget& e) {
       trace.set_event_logging(false);
-      const std::string out_dir = cfg["out_dir"];
-      const std::string path = train::write_memory_report(
-          out_dir, dev, e.what(), start, nlohmann::json::object(),
-          {{"source", "kestrel-train OutOfBudget while building the model or resuming"}});
-      std::fprintf(stderr, "kestrel-train: out of the memory budget before the first step:\n%s\nmemory report: %s, "
-                   "profile: %s/memory.html\n", e.what(), path.c_str(), out_dir.c_str());
+      std::fprintf(stderr, "kestrel-train: out of the memory budget before the first step:\n%s\nmemory report: "
+                   "%s/memory_report.json, profile: %s/memory.html\n", e.what(), out_dir.c_str(), out_dir.c_str());
       return 3;
     }
     trace.set_event_logging(false);

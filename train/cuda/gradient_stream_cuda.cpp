@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "kestrel/runtime/allocator.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "src/gradient_stream.h"

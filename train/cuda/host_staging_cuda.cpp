@@ -5,9 +5,9 @@
 #include <chrono>
 #include <vector>
 
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/error.h"
 #include "src/host_staging.h"
 

@@ -8,9 +8,9 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_trace.h"
 #if KESTREL_WITH_CUDA
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #endif
 
 namespace kestrel::train {

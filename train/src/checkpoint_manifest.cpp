@@ -1,6 +1,7 @@
 // Checkpoint manifests (manifest.json: format, step, data position, optimizer-state form, and the
 // size and XXH64 of every other file of the folder), their verification before a checkpoint is
 // trusted, and the comparison of a checkpoint's config with the run that resumes from it.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "kestrel/models/config.h"
 #include "kestrel/models/file_io.h"
 #include "kestrel/runtime/error.h"
+#include "kestrel/train/train_config.h"
 #include "xxhash64.h"
 
 namespace kestrel::train {
@@ -108,10 +110,13 @@ bool not_compared(const std::string& key) {
   static const std::set<std::string> keys = {
       "train.steps", "log_every", "eval_every", "sample_every", "sample_count", "checkpoint_every",
       "keep_checkpoints", "checkpoint_optimizer_state", "out_dir", "device", "recompute", "memory_budget",
+      "mlp_tile_tokens",
       "threads", "prefetch", "prefetch_threads", "on_cpu", "on_cuda", "model.init_from", "data.eval_offset",
       "data.eval_samples", "train.nonfinite",
       // Where the AdamW state lives: the update is bit-identical either way.
-      "optimizer.offload", "optimizer.staging_slot_mib", "optimizer.staging_slots"};
+      "optimizer.offload", "optimizer.staging_slot_mib", "optimizer.staging_slots",
+      // Where bytes live (memory.matmul_tf32 changes f32 GEMMs, so it is compared).
+      "memory.pinned_limit", "memory.offload_inflight", "memory.allocator"};
   for (std::string k = key;;) {
     if (keys.count(k)) return true;
     size_t dot = k.rfind('.');
@@ -120,8 +125,24 @@ bool not_compared(const std::string& key) {
   }
 }
 
+// A key the saved config lacks (it was made before the key existed) that now holds its default
+// value changes nothing.
+bool added_at_default(const json& saved, const json& now, const std::string& path) {
+  if (!saved.is_null() || path.empty()) return false;
+  static const json defaults = default_train_config();
+  const json* d = &defaults;
+  for (size_t begin = 0; begin <= path.size();) {  // dotted path: no JSON-pointer escapes to get wrong
+    const size_t end = std::min(path.find('.', begin), path.size());
+    const std::string key = path.substr(begin, end - begin);
+    if (!d->is_object() || !d->contains(key)) return false;
+    d = &(*d)[key];
+    begin = end + 1;
+  }
+  return *d == now;
+}
+
 void diff(const json& saved, const json& now, const std::string& path, std::vector<std::string>& out) {
-  if (!path.empty() && not_compared(path)) return;
+  if (!path.empty() && (not_compared(path) || added_at_default(saved, now, path))) return;
   if (saved.is_object() && now.is_object()) {
     std::set<std::string> keys;
     for (auto it = saved.begin(); it != saved.end(); ++it) keys.insert(it.key());

@@ -319,6 +319,17 @@ std::string write_memory_report(const std::string& dir, Device device, const std
   return path;
 }
 
+void run_with_memory_report(const std::function<void()>& fn, const std::string& dir, Device device,
+                            const MemorySnapshot& log_start, const std::function<nlohmann::json()>& extra,
+                            const nlohmann::json& meta) {
+  try {
+    fn();
+  } catch (const OutOfBudget& e) {
+    write_memory_report(dir, device, e.what(), log_start, extra ? extra() : nlohmann::json::object(), meta);
+    throw;
+  }
+}
+
 std::string write_memory_profile(const MemoryProfile& p, const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string jpath = dir + "/memory.json", hpath = dir + "/memory.html";

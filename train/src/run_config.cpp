@@ -1,5 +1,5 @@
-// RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget
-// strings into typed values (run_config.h states the rules).
+// RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget /
+// memory.* strings into typed values (run_config.h states the rules).
 #include "kestrel/train/run_config.h"
 
 #include <limits>
@@ -36,6 +36,14 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   if (!r.memory_budget.empty())
     r.memory_budget_bytes =
         parse_size(r.memory_budget, "memory_budget", 0, std::numeric_limits<int64_t>::max(), "train");
+  const nlohmann::json& mem = cfg["memory"];
+  r.memory.budget = r.memory_budget_bytes;
+  r.memory.pinned_limit = parse_size(mem["pinned_limit"].get<std::string>(), "memory.pinned_limit", 1,
+                                     std::numeric_limits<int64_t>::max(), "train");
+  r.memory.offload_inflight = parse_size(mem["offload_inflight"].get<std::string>(), "memory.offload_inflight", 1,
+                                         std::numeric_limits<int64_t>::max(), "train");
+  r.memory.allocator = parse_allocator_backend(mem["allocator"].get<std::string>(), "memory.allocator");
+  r.memory.matmul_tf32 = mem["matmul_tf32"];
   return r;
 }
 

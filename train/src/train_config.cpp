@@ -4,13 +4,23 @@
 #include <limits>
 
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/parse_number.h"
 
 namespace kestrel::train {
 
 using nlohmann::json;
 
+// A byte count as the config writes it: "64GiB", "256MiB", else the plain number.
+static std::string size_text(int64_t bytes) {
+  for (auto [shift, unit] : {std::pair{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}})
+    if (bytes > 0 && bytes % (int64_t{1} << shift) == 0) return std::to_string(bytes >> shift) + unit;
+  return std::to_string(bytes);
+}
+
 json default_train_config() {
+  // The memory settings default to the environment's (KESTREL_*; memory_config.h lists them).
+  const MemoryConfig& mem = default_memory_config();
   return json{
       {"model", {{"type", "vlm"}, {"config", json::object()}, {"config_path", ""}, {"init_from", ""}}},
       {"data",
@@ -49,7 +59,12 @@ json default_train_config() {
       {"device", "auto"},
       {"precision", "auto"},
       {"recompute", "none"},
-      {"memory_budget", ""},
+      {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
+      {"memory",
+       {{"pinned_limit", size_text(mem.pinned_limit)},
+        {"offload_inflight", size_text(mem.offload_inflight)},
+        {"allocator", std::string(allocator_backend_name(mem.allocator))},
+        {"matmul_tf32", mem.matmul_tf32}}},
       {"threads", 0},
       {"prefetch", 4},
       {"prefetch_threads", 0},

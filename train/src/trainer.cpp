@@ -35,8 +35,9 @@
 #include "kestrel/runtime/device_info.h"
 #include "kestrel/runtime/log.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_config.h"
 #if KESTREL_WITH_CUDA
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/memory.h"
 #endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
@@ -99,8 +100,11 @@ struct Trainer::Impl {
     for (const char* k : {"on_cpu", "on_cuda"})
       if (!cfg[k].empty()) device_overrides.push_back(std::string(k) + " " + cfg[k].dump());
     out_dir = cfg["out_dir"];
-    if (run.budget_applies())
-      set_memory_budget(device, run.memory_budget_bytes);
+    // Budget, pinned limit, offload bound, allocator backend and TF32 go to the device in one push;
+    // the caching allocator holds the budget from here (config -> RunConfig -> configure_memory ->
+    // the CUDA context -> CachingAllocatorPolicy::set_budget).
+    if (device.is_cuda())
+      configure_memory(device, run.memory);
     else if (run.has_budget())
       log("memory_budget " + run.memory_budget + " applies to CUDA devices; ignored on the CPU");
 #if KESTREL_WITH_CUDA
@@ -257,14 +261,11 @@ struct Trainer::Impl {
     return h;
   }
 
-  // memory_report.json; after an OutOfBudget also the profile of the failing step (memory.json,
-  // memory.html, memory_snapshot.pickle), as kestrel-mem writes it.
-  void write_memory_report(const std::string& oom = "") const {
-    train::write_memory_report(out_dir, device, oom, log_start,
-                               {{"parameters", num_params()}, {"optimizer_state_bytes", optim->state_bytes()},
-                                {"optimizer_offload", optimizer_offload_name(optim->placement().offload)},
-                                {"host", host_json()}},
-                               {{"source", "kestrel-train OutOfBudget"}, {"step", step + 1}});
+  // The run's fields of memory_report.json (written at the end, and by run_with_memory_report with
+  // the failing step's profile after an OutOfBudget).
+  nlohmann::json report_fields() const {
+    return {{"parameters", num_params()}, {"optimizer_state_bytes", optim->state_bytes()},
+            {"optimizer_offload", optimizer_offload_name(optim->placement().offload)}, {"host", host_json()}};
   }
 
   nlohmann::json host_json() const {
@@ -451,10 +452,11 @@ TrainSummary Trainer::run() {
     Tensor loss_t, gnorm_t;
     int64_t tokens;
     try {
-      std::tie(loss_t, gnorm_t, tokens) = I.train_step();
-    } catch (const OutOfBudget& e) {
-      // The report goes next to the run; earlier checkpoints stay as they are.
-      I.write_memory_report(e.what());
+      // After an OutOfBudget the report goes next to the run; earlier checkpoints stay as they are.
+      run_with_memory_report([&] { std::tie(loss_t, gnorm_t, tokens) = I.train_step(); }, I.out_dir, I.device,
+                             I.log_start, [&] { return I.report_fields(); },
+                             {{"source", "kestrel-train OutOfBudget"}, {"step", I.step + 1}});
+    } catch (const OutOfBudget&) {
       I.log("out of the memory budget at step " + std::to_string(I.step + 1) + "; memory report: " + I.out_dir +
             "/memory_report.json, profile: " + I.out_dir + "/memory.html");
       if (!I.memory_profiling) memory_trace(I.device).set_event_logging(false);
@@ -550,8 +552,7 @@ TrainSummary Trainer::run() {
     memory_trace(I.device).set_event_logging(false);
     memory_trace(I.device).clear_events();
   }
-  I.write_memory_report();
-  sum.memory_report_path = I.out_dir + "/memory_report.json";
+  sum.memory_report_path = write_memory_report(I.out_dir, I.device, "", I.log_start, I.report_fields());
   return sum;
 }
 

@@ -9,7 +9,7 @@
 #include "support/gpu.h"
 #include "support/numerics.h"
 #if KESTREL_WITH_CUDA
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/memory.h"
 #endif
 
 namespace kestrel::models {

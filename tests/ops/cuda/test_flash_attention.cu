@@ -21,7 +21,7 @@
 #include "cuda/flash_attention.h"
 #include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/flash_attention_wgmma.cuh"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "support/gpu.h"

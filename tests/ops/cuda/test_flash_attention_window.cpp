@@ -22,7 +22,7 @@
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cuda/fused_linear_cross_entropy.h"
-#include "kestrel/runtime/cuda_check.h"
+#include "kestrel/cuda/check.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "support/gpu.h"

@@ -2,7 +2,7 @@
 // through the tape), odd sizes, strided and broadcast operands, and the CUDA-only error paths.
 #include <gtest/gtest.h>
 
-#include "cuda/matmul_config.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/ops/matmul.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/ops/embedding.h"
@@ -116,9 +116,12 @@ TEST(CudaParity, MatmulF32IsExactUnlessTf32) {
   Tensor want = matmul(a.to(DType::F64), b.to(DType::F64));
   Tensor exact = matmul(a.to(gpu), b.to(gpu)).to(Device::cpu()).to(DType::F64);
   EXPECT_LE(testing::rel_l2(exact, want), 1e-6);
-  cuda_ops::set_matmul_allow_tf32(true);
+  const MemoryConfig saved = memory_config(gpu);
+  MemoryConfig tf32 = saved;
+  tf32.matmul_tf32 = true;
+  configure_memory(gpu, tf32);
   Tensor fast = matmul(a.to(gpu), b.to(gpu)).to(Device::cpu()).to(DType::F64);
-  cuda_ops::set_matmul_allow_tf32(false);
+  configure_memory(gpu, saved);
   double err = testing::rel_l2(fast, want);
   EXPECT_GT(err, 1e-5);  // TF32 really was used
   EXPECT_LE(err, 3e-3);

@@ -9,10 +9,11 @@
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/runtime/accumulate.h"
-#include "kestrel/runtime/cuda_check.h"
-#include "kestrel/runtime/cuda_context.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_budget.h"
+#include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/random.h"
 #include "kestrel/runtime/tensor.h"
@@ -313,9 +314,11 @@ StackResult run_stack(autograd::RecomputePolicy policy) {
 
 TEST(CudaOffload, OffloadedRecomputeMatchesKeptWithLowerPeak) {
   KESTREL_REQUIRE_GPU();
-  // Bound the copies in flight to two activations, as a budgeted run would (read on first offload).
-  setenv("KESTREL_OFFLOAD_INFLIGHT_MB", "64", 1);
-  cuda::init(0);
+  // Bound the copies in flight to two activations, as a budgeted run would.
+  const MemoryConfig saved = memory_config(kGpu);
+  MemoryConfig bounded = saved;
+  bounded.offload_inflight = 64 * MiB;
+  configure_memory(kGpu, bounded);
   StackResult keep = run_stack(autograd::RecomputePolicy::Keep);
   cuda::OffloadStats before = cuda::offload_stats(0);
   StackResult off = run_stack(autograd::RecomputePolicy::Offload);
@@ -335,6 +338,39 @@ TEST(CudaOffload, OffloadedRecomputeMatchesKeptWithLowerPeak) {
   // the policy, so it may only not grow by more than the one prefetched input.
   EXPECT_LT(off.saved_peak, keep.saved_peak * 3 / 4);
   EXPECT_LE(off.peak_in_use, keep.peak_in_use + 32 * MiB);
+  configure_memory(kGpu, saved);
+}
+
+// configure_memory pushes every setting into the device's context, which reads them back from
+// their owners (the budget from the caching allocator, the limit from the pinned pool); the
+// allocator backend cannot change once the device runs.
+TEST(CudaMemoryConfig, PushedIntoTheContextAndReadBack) {
+  KESTREL_REQUIRE_GPU();
+  cuda::init(0);
+  const MemoryConfig saved = memory_config(kGpu);
+  EXPECT_EQ(allocator_backend_name(saved.allocator), cuda::allocator_backend_name(0));
+  MemoryConfig c = saved;
+  c.budget = int64_t{30} << 30;
+  c.pinned_limit = int64_t{3} << 30;
+  c.offload_inflight = 96 * MiB;
+  c.matmul_tf32 = !saved.matmul_tf32;
+  configure_memory(kGpu, c);
+  EXPECT_EQ(memory_config(kGpu), c);
+  EXPECT_EQ(memory_budget(kGpu), int64_t{30} << 30);
+  EXPECT_EQ(cuda::pinned_stats().limit, int64_t{3} << 30);
+  set_memory_budget(kGpu, 0);  // the budget alone, through the same path
+  EXPECT_EQ(memory_config(kGpu).budget, 0);
+  EXPECT_EQ(memory_config(kGpu).offload_inflight, 96 * MiB);
+  MemoryConfig other = c;
+  other.allocator = saved.allocator == AllocatorBackend::Vmm ? AllocatorBackend::Malloc : AllocatorBackend::Vmm;
+  try {
+    configure_memory(kGpu, other);
+    ADD_FAILURE() << "the allocator backend changed on a running device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.allocator"), std::string::npos) << e.what();
+  }
+  configure_memory(kGpu, saved);
+  EXPECT_EQ(memory_config(kGpu), saved);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 #include <sstream>
 
 #include "kestrel/models/config.h"
-#include "kestrel/runtime/cuda_memory.h"
+#include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/train/memory_plan.h"

@@ -1,5 +1,5 @@
 // How the CUDA kernels size their workspaces, as plain functions with no CUDA dependency (the pattern
-// of kestrel/runtime/caching_allocator_policy.h). The kernels' launchers (ops/cuda) carve their
+// of runtime/src/caching_allocator_policy.h). The kernels' launchers (ops/cuda) carve their
 // workspaces from these layouts and the memory planner (train/src/memory_plan_workspace.cpp) sizes
 // the same buffers with them, so the two cannot drift apart. CPU-only builds compile and test them.
 //

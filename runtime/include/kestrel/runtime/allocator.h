@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "kestrel/runtime/device.h"
@@ -33,6 +34,14 @@ class Allocator {
   virtual Device device() const = 0;
   // Returns cached (free) memory to the device; bytes released. CPU: nothing is cached.
   virtual int64_t release_cached() { return 0; }
+};
+
+// Counters of the CUDA caching allocator (cuda::allocator_stats in kestrel/cuda/memory.h).
+struct AllocatorPolicyStats {
+  int64_t reserved = 0, in_use = 0, cached_free = 0, largest_free = 0;
+  int64_t num_segments = 0, num_blocks = 0, num_free_blocks = 0, num_pending = 0;
+  int64_t num_maps = 0, num_unmaps = 0, num_cache_hits = 0, num_spill_calls = 0;
+  int64_t peak_reserved = 0, peak_in_use = 0;
 };
 
 // The allocator that serves a device (CPU: an aligned malloc; CUDA: the installed caching allocator).

@@ -46,9 +46,10 @@ class OutOfBudget : public Error {
   OutOfBudgetReport report_;
 };
 
-// Sets the budget of a device (<= 0 removes it). Lowering it below the current footprint releases
-// the allocator's cached segments at once; memory in use stays, and the next allocation that needs
-// a new segment meets the budget ladder.
+// The budget alone, through configure_memory (memory_config.h: the device's caching allocator holds
+// it). Sets the budget of a CUDA device (<= 0 removes it); lowering it below the current footprint
+// releases the allocator's cached segments at once; memory in use stays, and the next allocation
+// that needs a new segment meets the budget ladder. The CPU has none (an error to set, 0 to read).
 void set_memory_budget(Device device, int64_t bytes);
 int64_t memory_budget(Device device);  // 0 when none
 // The device footprint as the runtime accounts it: reserved + external (memory_trace(device)).

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,16 @@ std::string write_memory_profile(const MemoryProfile& p, const std::string& dir)
 std::string write_memory_report(const std::string& dir, Device device, const std::string& out_of_budget,
                                 const MemorySnapshot& log_start, const nlohmann::json& extra = nlohmann::json::object(),
                                 const nlohmann::json& meta = nlohmann::json::object());
+
+// Runs `fn`; when it throws OutOfBudget, first writes the report of `device` into `dir`
+// (write_memory_report with the exception's text, `extra()` fields and `meta`: memory_report.json and
+// the profile of the events logged since `log_start`), then rethrows it for the caller to log or
+// turn into an exit code. The one place an OutOfBudget becomes files: the trainer's steps and
+// kestrel-train's set-up (building the model, resuming) run through it.
+void run_with_memory_report(const std::function<void()>& fn, const std::string& dir, Device device,
+                            const MemorySnapshot& log_start,
+                            const std::function<nlohmann::json()>& extra = nullptr,
+                            const nlohmann::json& meta = nlohmann::json::object());
 
 // A plain-text summary table (per tag peak and at-peak, phases, top allocations).
 std::string profile_summary(const MemoryProfile& p);

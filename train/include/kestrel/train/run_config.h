@@ -4,7 +4,9 @@
 //   device "auto"    -> cuda:0 when a CUDA device is available, else the CPU;
 //   precision "auto" -> bf16 on CUDA, f32 on the CPU (explicit: f32, bf16 or f16 and their aliases);
 //   memory_budget    -> bytes as parse_size reads them ("" = none); it is enforced on CUDA devices
-//                       only (the Trainer pushes it into the runtime), reported on the CPU.
+//                       only (the Trainer pushes it into the runtime), reported on the CPU;
+//   memory.*         -> the rest of the device's MemoryConfig (kestrel/runtime/memory_config.h);
+//                       the defaults are the environment's (KESTREL_*).
 // Resolving never touches a device beyond asking whether one exists: an explicit "cuda:N" resolves
 // on a machine without a GPU (the planner plans for it); the Trainer checks that it is there.
 #pragma once
@@ -16,6 +18,7 @@
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/runtime/dtype.h"
+#include "kestrel/runtime/memory_config.h"
 
 namespace kestrel::train {
 
@@ -25,6 +28,9 @@ struct RunConfig {
   autograd::RecomputePolicy recompute = autograd::RecomputePolicy::None;  // "recompute"
   std::string memory_budget;          // "memory_budget" as written ("" = none), for messages
   int64_t memory_budget_bytes = 0;    // its value; 0 when none
+  // What the Trainer pushes into a CUDA device (configure_memory): the budget above and "memory":
+  // pinned_limit, offload_inflight (sizes), allocator ("vmm" | "malloc"), matmul_tf32 (bool).
+  MemoryConfig memory;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }

@@ -1,4 +1,4 @@
-// Check macros for CUDA runtime, driver, cuBLAS(Lt), cuDNN and NCCL status codes.
+// Check macros for CUDA runtime, driver and cuBLAS(Lt) status codes.
 // Each reports the failing expression, file:line and the library's error string.
 // The *_NOTHROW variants log to stderr instead of throwing (for destructors).
 // Only include from translation units compiled with the CUDA toolkit on the include path.

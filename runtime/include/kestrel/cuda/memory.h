@@ -1,6 +1,7 @@
-// The CUDA memory runtime's public API (no CUDA types): context initialisation, the caching
-// allocator's controls and statistics, the pinned host pool, spillable tensors and the offloader.
-// Defined only when KESTREL_WITH_CUDA is 1 (a CPU-only build must not call them).
+// The CUDA memory runtime's API (no CUDA types): context initialisation, the caching allocator's
+// controls and statistics, the pinned host pool, spillable tensors and the offloader. Part of the
+// optional `kestrel/cuda/` component, installed only by a CUDA build: defined only when
+// KESTREL_WITH_CUDA is 1 (a CPU-only build must not call them).
 #pragma once
 
 #include <cstddef>
@@ -8,14 +9,14 @@
 #include <memory>
 #include <string>
 
-#include "kestrel/runtime/caching_allocator_policy.h"
+#include "kestrel/runtime/allocator.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::cuda {
 
 // Initialises device `device` now (it also happens lazily on first use). Idempotent.
-// The allocator backend comes from KESTREL_CUDA_ALLOCATOR: "vmm" (default: cuMemCreate/cuMemMap
-// segments, unmapped when released) or "malloc" (cudaMalloc/cudaFree segments).
+// The allocator backend and the rest of the device's settings come from its MemoryConfig
+// (kestrel/runtime/memory_config.h: configure_memory, defaults from the environment).
 void init(int device = 0);
 std::string allocator_backend_name(int device = 0);
 AllocatorPolicyStats allocator_stats(int device = 0);
@@ -56,7 +57,7 @@ class PinnedBuffer {
   void* event_ = nullptr;  // cudaEvent_t of the last recorded use
 };
 PinnedBuffer pinned_alloc(size_t bytes);  // throws when the pool's limit would be crossed
-void set_pinned_pool_limit(int64_t bytes);  // default: 64 GiB or KESTREL_PINNED_LIMIT
+void set_pinned_pool_limit(int64_t bytes);  // default: MemoryConfig::pinned_limit (64 GiB, KESTREL_PINNED_LIMIT)
 PinnedStats pinned_stats();
 int64_t pinned_release_cached();
 

@@ -27,6 +27,7 @@
 // This file has no CUDA dependency: CI tests it with a simulated backend.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -62,13 +63,6 @@ class DeviceMemoryBackend {
   // Called when no cached block fits, before the budget is checked for a new segment (the CUDA
   // backends re-measure External there, so lazily loaded modules are charged).
   virtual void before_map() {}
-};
-
-struct AllocatorPolicyStats {
-  int64_t reserved = 0, in_use = 0, cached_free = 0, largest_free = 0;
-  int64_t num_segments = 0, num_blocks = 0, num_free_blocks = 0, num_pending = 0;
-  int64_t num_maps = 0, num_unmaps = 0, num_cache_hits = 0, num_spill_calls = 0;
-  int64_t peak_reserved = 0, peak_in_use = 0;
 };
 
 // Given a byte count, frees spillable device memory (returning bytes freed). Called without the
@@ -138,7 +132,7 @@ class CachingAllocatorPolicy {
   MemoryTrace* trace_;
   Device device_;
   mutable std::mutex mu_;
-  int64_t budget_ = 0;
+  std::atomic<int64_t> budget_{0};  // the device's budget: its one owner (memory_config.h)
   SpillHook spill_hook_;
   FreeSet small_free_, large_free_;
   std::vector<Segment*> segments_;

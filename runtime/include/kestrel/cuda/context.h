@@ -1,7 +1,8 @@
 // The kernel-side CUDA API: which stream to launch on, the cuBLASLt handle and its workspace.
 //
-// For kernel authors (ops/cuda, models, train), not part of the embedding API: it includes
-// cuda_runtime.h and cublasLt.h. Everything here initialises the device's context lazily on first
+// For kernel authors (ops/cuda, models, train) and apps that write their own kernels: the optional
+// `kestrel/cuda/` component (installed by a CUDA build only), since it includes cuda_runtime.h and
+// cublasLt.h; kestrel/kestrel.h never includes it. Everything here initialises the device's context lazily on first
 // use (streams, cuBLASLt handle, caching allocator, pinned pool, offloader), charging the memory the
 // CUDA context and cuBLAS take as External in memory_trace(Device::cuda(i)).
 //
@@ -34,6 +35,9 @@ cudaStream_t d2h_stream(int device = -1);  // device -> host copies (offload, sp
 // Workspace, 32 MiB). Use them on current_stream(); one op at a time per device and thread.
 cublasLtHandle_t cublaslt_handle(int device = -1);
 void* cublaslt_workspace(size_t* bytes, int device = -1);
+// Whether f32 GEMMs on `device` may use TF32 tensor cores (MemoryConfig::matmul_tf32; an atomic
+// read of the device's context, cheap enough for every call).
+bool matmul_tf32(int device = -1);
 
 // Makes `device` current for the scope (cudaSetDevice, restored on exit).
 class DeviceGuard {
