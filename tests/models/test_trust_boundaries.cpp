@@ -20,6 +20,7 @@
 #include "kestrel/models/file_io.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/error.h"
+#include "support/errors.h"
 #include "support/file_fixtures.h"
 #include "support/temp_dir.h"
 
@@ -27,27 +28,11 @@ namespace fs = std::filesystem;
 using namespace kestrel;
 using namespace kestrel::models;
 
+using kestrel::testing::error_of;
+using kestrel::testing::expect_has;
 using kestrel::testing::TempDir;
 
 namespace {
-
-// Runs fn, which must throw kestrel::Error; returns its message (empty after a test failure).
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kestrel::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kestrel::Error, nothing was thrown";
-  return "";
-}
-
-void expect_has(const std::string& msg, std::initializer_list<std::string> needles) {
-  for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
-}
 
 void write_text(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 

@@ -22,6 +22,7 @@
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/vlm_data.h"
+#include "support/errors.h"
 #include "support/file_fixtures.h"
 #include "support/temp_dir.h"
 
@@ -33,26 +34,11 @@ using nlohmann::json;
 using kestrel::testing::FifoWatch;
 using kestrel::testing::png_chunk;
 using kestrel::testing::put_be32;
+using kestrel::testing::error_of;
+using kestrel::testing::expect_has;
 using kestrel::testing::TempDir;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kestrel::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kestrel::Error, nothing was thrown";
-  return "";
-}
-
-void expect_has(const std::string& msg, std::initializer_list<std::string> needles) {
-  for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
-}
 
 json tiny_tokenizer(int64_t last_id) {
   json vocab = json::object();
