@@ -9,6 +9,7 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
 #include "kestrel/ops/matmul.h"
+#include "kestrel/ops/mlp.h"
 #include "kestrel/ops/norm.h"
 #include "kestrel/ops/rope.h"
 #include "kestrel/ops/shape.h"
@@ -124,7 +125,8 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   }
   MemoryLabelScope label("mlp");
   auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
-  Tensor m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
+  Tensor m = mlp_tile_tokens_ > 0 ? swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_)
+                                  : linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
   return add(h2, m);
 }
 
@@ -180,5 +182,10 @@ Tensor Decoder::loss(const Tensor& hidden, const Tensor& labels, const CrossEntr
 }
 
 Tensor Decoder::logits(const Tensor& hidden) const { return linear(hidden, lm_head_weight()); }
+
+void Decoder::set_mlp_tile_tokens(int64_t tokens) {
+  KESTREL_CHECK(tokens >= 0, "decoder", "mlp tile must be 0 (untiled) or a positive token count, got ", tokens);
+  mlp_tile_tokens_ = tokens;
+}
 
 }  // namespace kestrel::models

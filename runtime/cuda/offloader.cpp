@@ -5,10 +5,11 @@
 //   record_stream(D2H), so it returns to the cache when the copy has completed and the compute stream
 //   never waits. prefetch() copies it back on the H2D stream; get() makes the compute stream wait
 //   on that copy's event only.
-//   Back-pressure: at most memory.offload_inflight (KESTREL_OFFLOAD_INFLIGHT_MB, default 256 MiB) of offload copies may be in
-//   flight per device. Past that the host waits for the oldest copy, so the device blocks return
-//   to the cache before new activations are allocated: when compute outruns the copy engine the
-//   peak stays bounded (the step slows instead of the footprint growing).
+//   Back-pressure: at most memory.offload_inflight (KESTREL_OFFLOAD_INFLIGHT_MB, default 256 MiB) of offload copies, or two
+//   copies whatever their size, may be in flight per device. Past that the host waits for the
+//   oldest copy, so the device blocks return to the cache before new activations are allocated:
+//   when compute outruns the copy engine the peak stays bounded (the step slows instead of the
+//   footprint growing).
 // - spillable tensors: the budget ladder's spill step copies them out synchronously and frees them.
 #include <cuda_runtime.h>
 
@@ -54,7 +55,9 @@ void throttle(int device, std::shared_ptr<Event> done, int64_t bytes) {
     auto& [ev, b] = f.copies.front();
     cudaError_t q = cudaEventQuery(ev->get());
     if (q == cudaErrorNotReady) {
-      if (f.bytes <= inflight_limit(device)) break;
+      // Two copies may always be in flight, so a region input larger than the limit does not stall
+      // the host (and with it the compute stream) on its own copy.
+      if (f.bytes <= inflight_limit(device) || f.copies.size() <= 2) break;
       KESTREL_CUDA_CHECK(cudaEventSynchronize(ev->get()));
     } else {
       KESTREL_CUDA_CHECK(q);

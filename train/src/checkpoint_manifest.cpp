@@ -110,11 +110,14 @@ bool not_compared(const std::string& key) {
   static const std::set<std::string> keys = {
       "train.steps", "log_every", "eval_every", "sample_every", "sample_count", "checkpoint_every",
       "keep_checkpoints", "checkpoint_optimizer_state", "out_dir", "device", "recompute", "memory_budget",
+      // The MLP's token tile: the same maths, its weight gradients summed in another order.
       "mlp_tile_tokens",
       "threads", "prefetch", "prefetch_threads", "on_cpu", "on_cuda", "model.init_from", "data.eval_offset",
       "data.eval_samples", "train.nonfinite",
       // Where the AdamW state lives: the update is bit-identical either way.
       "optimizer.offload", "optimizer.staging_slot_mib", "optimizer.staging_slots",
+      // Where the gradients wait for the update (the same values; the norm is summed on the host).
+      "optimizer.gradients",
       // Where bytes live (memory.matmul_tf32 changes f32 GEMMs, so it is compared).
       "memory.pinned_limit", "memory.offload_inflight", "memory.allocator"};
   for (std::string k = key;;) {

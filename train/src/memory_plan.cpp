@@ -65,8 +65,8 @@ struct LayerCosts {
 
 class Planner {
  public:
-  Planner(const models::VlmConfig& mc, const Shapes& s, RecomputePolicy policy, bool cuda)
-      : cuda_(cuda), mc_(mc), s_(s), policy_(policy) {
+  Planner(const models::VlmConfig& mc, const Shapes& s, RecomputePolicy policy, bool cuda, int64_t mlp_tile)
+      : cuda_(cuda), mlp_tile_(mlp_tile), mc_(mc), s_(s), policy_(policy) {
     const auto& tc = mc.text_config;
     C_ = tc.hidden_size, I_ = tc.intermediate_size, D_ = tc.head_dim, Hq_ = tc.num_attention_heads,
     Hkv_ = tc.num_key_value_heads, V_ = tc.vocab_size, L_ = tc.num_hidden_layers;
@@ -75,6 +75,7 @@ class Planner {
   }
   Ledger led;
   const bool cuda_;  // CUDA kernels: their Workspace buffers (memory_plan_workspace.h) instead of the CPU's scratch
+  const int64_t mlp_tile_;  // the decoder MLP's token tile (0: untiled linear/swiglu ops)
 
   // A kernel's scratch, freed when the kernel returns (CUDA only: the CPU kernels' scratch is modelled inline).
   void workspace(int64_t bytes) {
@@ -98,15 +99,26 @@ class Planner {
     led.alloc(tag, T * C_ * b);                      // o_proj out (transient)
     led.alloc(tag, 2 * T * C_ * b + T * 4);          // add_rms_norm y, h, rstd (saved)
     led.free(tag, T * C_ * b);                       // o_proj out released
-    led.alloc(tag, 3 * T * I_ * b);                  // gate, up, swiglu (saved)
-    led.alloc(tag, T * C_ * b);                      // down out (transient)
+    if (mlp_tile_ > 0) {
+      led.alloc(tag, T * C_ * b);                    // the tiled MLP's output (its entry saves only y)
+      tile_scratch(tag, 3);                          // gate, up, product of one tile
+    } else {
+      led.alloc(tag, 3 * T * I_ * b);                // gate, up, swiglu (saved)
+      led.alloc(tag, T * C_ * b);                    // down out (transient)
+    }
     led.alloc(tag, T * C_ * b);                      // layer output (saved by the next consumer)
     led.free(tag, T * C_ * b);                       // down out released
+  }
+  // swiglu_mlp_tiled's [tile, I] buffers (ops/src/mlp.cpp), allocated and freed around its tile loop.
+  void tile_scratch(MemoryTag tag, int buffers) {
+    const int64_t bytes = buffers * std::min(mlp_tile_, s_.T) * I_ * s_.b;
+    led.alloc(tag, bytes);
+    led.free(tag, bytes);
   }
   int64_t decoder_layer_saved() const {
     const int64_t T = s_.T, b = s_.b;
     return T * C_ * b + T * 4 + T * Hq_ * D_ * b + 2 * T * Hkv_ * D_ * b + T * Hq_ * D_ * b + T * Hq_ * 4 +
-           2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b;
+           2 * T * C_ * b + T * 4 + (mlp_tile_ > 0 ? 0 : 3 * T * I_ * b) + T * C_ * b;
   }
   // Forward of a region without recording (no-grad): locals die with their scopes.
   void decoder_layer_forward_nograd() {
@@ -120,9 +132,11 @@ class Planner {
     led.alloc(kAct, T * Hq_ * D_ * b + T * Hq_ * 4 + T * C_ * b);  // attention out, lse, o_proj out
     int64_t attn_live = attn + T * Hq_ * D_ * b + T * Hq_ * 4;
     led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays)
-    led.alloc(kAct, 2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b);  // y, h, rstd, gate, up, swiglu, down
+    const int64_t mlp = mlp_tile_ > 0 ? 0 : 3 * T * I_ * b;  // gate, up, swiglu (untiled)
+    led.alloc(kAct, 2 * T * C_ * b + T * 4 + mlp + T * C_ * b);  // y, h, rstd, [gate, up, swiglu,] down
+    if (mlp_tile_ > 0) tile_scratch(kAct, 3);
     led.alloc(kAct, T * C_ * b);  // output
-    led.free(kAct, T * C_ * b + 2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b);
+    led.free(kAct, T * C_ * b + 2 * T * C_ * b + T * 4 + mlp + T * C_ * b);
   }
   // Backward through one recorded layer; `g` [T, C] arrives (live), the layer input's gradient
   // leaves (live). Frees the layer's saved tensors and allocates its parameter gradients.
@@ -141,24 +155,35 @@ class Planner {
     // returns, and the region input is a leaf of the inner tape: its first gradient is a clone,
     // later ones are added in place.
     const bool region = !free_input;
-    // add(h2, m): both get g (no copy). down linear: dx [T, I], dW.
-    led.alloc(kGrad, TI);
-    pgrad(C_ * I_ * b);
-    led.free(kAct, TI);  // the down entry's saved input (swiglu out)
-    // swiglu: dg, du; the incoming dx goes, then gate and up.
-    led.alloc(kGrad, 2 * TI);
-    led.free(kGrad, TI);
-    led.free(kAct, 2 * TI);
-    // up linear: dx [T, C], dW; gate linear: dx, dW; the second is accumulated out of place.
-    led.alloc(kGrad, TC);
-    pgrad(I_ * C_ * b);
-    led.free(kGrad, TI);
-    led.alloc(kGrad, TC);
-    pgrad(I_ * C_ * b);
-    led.free(kGrad, TI);
-    led.alloc(kGrad, TC);  // clone + add
-    led.free(kGrad, 2 * TC);
-    led.free(kAct, TC);  // y (saved by the gate/up linears)
+    if (mlp_tile_ > 0) {
+      // add(h2, m): both get g. swiglu_mlp_tiled: d_down, d_gate, d_up (added in place into held
+      // gradients), dx [T, C], and five [tile, I] buffers while it walks the tiles.
+      pgrad(C_ * I_ * b);
+      pgrad(I_ * C_ * b);
+      pgrad(I_ * C_ * b);
+      led.alloc(kGrad, TC);
+      tile_scratch(kGrad, 5);
+      led.free(kAct, TC);  // y (saved by the tiled MLP)
+    } else {
+      // add(h2, m): both get g (no copy). down linear: dx [T, I], dW.
+      led.alloc(kGrad, TI);
+      pgrad(C_ * I_ * b);
+      led.free(kAct, TI);  // the down entry's saved input (swiglu out)
+      // swiglu: dg, du; the incoming dx goes, then gate and up.
+      led.alloc(kGrad, 2 * TI);
+      led.free(kGrad, TI);
+      led.free(kAct, 2 * TI);
+      // up linear: dx [T, C], dW; gate linear: dx, dW; the second is accumulated out of place.
+      led.alloc(kGrad, TC);
+      pgrad(I_ * C_ * b);
+      led.free(kGrad, TI);
+      led.alloc(kGrad, TC);
+      pgrad(I_ * C_ * b);
+      led.free(kGrad, TI);
+      led.alloc(kGrad, TC);  // clone + add
+      led.free(kGrad, 2 * TC);
+      led.free(kAct, TC);  // y (saved by the gate/up linears)
+    }
     // add_rms_norm: dh, dw; gy and g are released; h2 and rstd go.
     led.alloc(kGrad, TC);
     pgrad(C_ * b);
@@ -394,7 +419,8 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   plan.tokens = s.T;
   plan.parameters = vlm ? vlm_parameter_count(mc) : decoder_parameter_count(mc.text_config);
 
-  Planner P(mc, s, policy, on_cuda);
+  plan.mlp_tile_tokens = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg, options) : run.mlp_tile_tokens;
+  Planner P(mc, s, policy, on_cuda, plan.mlp_tile_tokens);
   Ledger& L = P.led;
   const int64_t b = s.b, T = s.T, C = P.C_, E = P.E_, V = P.V_;
   const auto& tc = mc.text_config;
@@ -423,6 +449,11 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const OptimizerPlacement placement = optimizer_placement_from_config(cfg, on_cuda ? Device::cuda(0) : Device::cpu());
   const OptimizerStateBytes per_param = optimizer_state_bytes_per_param(placement, dtype, on_cuda);
   const bool step_in_backward = placement.step_in_backward;
+  // optimizer.gradients "host" (train/src/gradient_stream.h) copies each gradient out at the hook where
+  // step_in_backward would update it: on the device both drop it at the same point.
+  const bool stream_grads = on_cuda && cfg["optimizer"]["gradients"] == "host";
+  const bool drop_grads = step_in_backward || stream_grads;
+  if (stream_grads) plan.host_gradients = plan.parameters * b;
   plan.optimizer_offload = optimizer_offload_name(placement.offload);
   plan.master_weights = master_weights_name(placement.master_weights);
   plan.state_dtype = optimizer_state_dtype_name(placement.state_dtype);
@@ -491,16 +522,29 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.alloc(kAct, T * C * b);             // spliced embeddings
       L.free(kAct, Ti * C * b + T * C * b); // img and the token embeddings
     }
+    // Offload regions (autograd/src/recompute.cpp, runtime/cuda/offloader.cpp): each region input
+    // goes to pinned host memory after its region's forward; its block returns when the copy lands.
+    // The offloader lets 256 MiB of copies, and always two, be in flight before the host waits.
+    const bool offload = policy == RecomputePolicy::Offload && on_cuda;
+    const int64_t region_input = T * C * b;
+    const int64_t max_in_flight = std::max<int64_t>(2, (int64_t{256} << 20) / std::max<int64_t>(region_input, 1));
+    int64_t in_flight = 0;
     for (int64_t l = 0; l < P.L_; ++l) {
       L.where = "forward: decoder.layer." + std::to_string(l);
       if (regions)
         P.decoder_layer_forward_nograd();
       else
         P.decoder_layer_forward_recorded(kAct);
+      if (offload) {
+        if (in_flight == max_in_flight) L.free(kAct, region_input);  // the oldest copy has landed
+        in_flight = std::min(in_flight + 1, max_in_flight);
+      }
     }
     L.where = "forward: final norm + loss";
     L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
     L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
+    L.free(kAct, in_flight * region_input);  // the last copies land during the loss
+    if (offload) plan.host_activations = P.L_ * region_input;
     // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
     // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
     // chunk's d_hidden. CUDA: the launcher's workspace in forward; in backward the lse-based pass's
@@ -526,23 +570,32 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.alloc(MemoryTag::Workspace, ce_backward);
     L.free(MemoryTag::Workspace, ce_backward);
     // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
-    if (step_in_backward && !tc.tie_word_embeddings) L.free(kGrad, V * C * b);
+    if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, V * C * b);
     L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
     L.alloc(kGrad, T * C * b + C * b);
     P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
     L.free(kGrad, T * C * b + (first ? 0 : C * b));
-    if (step_in_backward) L.free(kGrad, C * b);  // the final norm's weight gradient, at its hook
+    if (drop_grads) L.free(kGrad, C * b);  // the final norm's weight gradient, at its hook
     L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
+    // Offloaded inputs come back one region ahead: the top region's at the loss, region l - 1's as
+    // region l starts.
+    if (offload && P.L_ > 0) L.alloc(MemoryTag::Checkpoint, region_input);
     for (int64_t l = P.L_ - 1; l >= 0; --l) {
       L.where = "backward: decoder.layer." + std::to_string(l);
+      if (offload && l > 0) L.alloc(MemoryTag::Checkpoint, region_input);
       if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
       P.decoder_layer_backward(first, !regions);
-      if (regions) L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
+      if (offload) {
+        L.free(kAct, T * C * b);                    // the re-run's output
+        L.free(MemoryTag::Checkpoint, region_input);  // the restored region input
+      } else if (regions) {
+        L.free(kAct, 2 * T * C * b);  // the re-run's output and the region input, at the closure's end
+      }
       // step_in_backward: the layer's parameters are complete once its region has run (their hooks
       // wait for the region entry); each is updated and its gradient dropped.
-      if (step_in_backward) L.free(kGrad, P.layer_param_grads);
+      if (drop_grads) L.free(kGrad, P.layer_param_grads);
     }
     // Layer 0's input gradient [T, C] is live.
     // The embedding's scatter-add goes into the weight's gradient in place once it holds one (the tied
@@ -552,7 +605,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.where = "backward: embed";
       L.alloc(kGrad, embed_grad);
       L.free(kGrad, T * C * b);
-      if (step_in_backward) L.free(kGrad, embed_grad);  // updated at its hook
+      if (drop_grads) L.free(kGrad, embed_grad);  // updated (or streamed out) at its hook
     } else {
       // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
       L.where = "backward: splice";
@@ -611,13 +664,30 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   return plan;
 }
 
+int64_t choose_mlp_tile_tokens(const json& config, const PlanOptions& options) {
+  const RunConfig run = RunConfig::resolve(config);
+  if (!run.mlp_tile_auto) return run.mlp_tile_tokens;
+  if (!run.has_budget()) return 0;
+  json cfg = config;
+  cfg["mlp_tile_tokens"] = 0;
+  MemoryPlan untiled = plan_memory(cfg, options);
+  if (untiled.budget <= 0 || untiled.headroom >= untiled.budget / 10) return 0;
+  for (int64_t tile : {16384, 8192, 4096, 2048, 1024}) {
+    if (tile >= untiled.tokens && tile > 1024) continue;  // one tile would hold the whole micro-batch
+    cfg["mlp_tile_tokens"] = tile;
+    if (plan_memory(cfg, options).fits) return tile;
+  }
+  return 1024;
+}
+
 json MemoryPlan::to_json() const {
   json tags = json::object();
   for (int t = 0; t < kNumMemoryTags; ++t) tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = tag_peak[t];
   return json{{"peak", peak},           {"peak_where", peak_where}, {"external", external}, {"budget", budget},
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
               {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
-              {"optimizer_offload", optimizer_offload},
+              {"optimizer_offload", optimizer_offload}, {"mlp_tile_tokens", mlp_tile_tokens},
+              {"host_activations", host_activations}, {"host_gradients", host_gradients},
               {"optimizer",
                {{"master_weights", master_weights},
                 {"state_dtype", state_dtype},
@@ -637,6 +707,10 @@ std::string MemoryPlan::table() const {
   std::snprintf(buf, sizeof buf, "plan: %s, %s, recompute %s, %.2fM parameters, %lld tokens per micro-batch\n",
                 device.c_str(), precision.c_str(), recompute.c_str(), parameters / 1e6, static_cast<long long>(tokens));
   os << buf;
+  if (mlp_tile_tokens > 0) {
+    std::snprintf(buf, sizeof buf, "  MLP over tiles of %lld tokens\n", static_cast<long long>(mlp_tile_tokens));
+    os << buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "  AdamW: master_weights %s, state_dtype %s%s; bytes/parameter: weights %.2f, grads %.2f%s, state "
                 "%.3f on the device + %.3f on the host\n",
@@ -658,6 +732,16 @@ std::string MemoryPlan::table() const {
     std::snprintf(buf, sizeof buf, "host (optimizer.offload=host): AdamW state %s + pinned staging %s = %s\n",
                   format_bytes(host_optimizer_state).c_str(), format_bytes(host_pinned).c_str(),
                   format_bytes(host_optimizer_state + host_pinned).c_str());
+    os << buf;
+  }
+  if (host_gradients > 0) {
+    std::snprintf(buf, sizeof buf, "host (optimizer.gradients=host): gradients %s in pinned memory\n",
+                  format_bytes(host_gradients).c_str());
+    os << buf;
+  }
+  if (host_activations > 0) {
+    std::snprintf(buf, sizeof buf, "host (recompute=offload): region inputs %s in pinned memory\n",
+                  format_bytes(host_activations).c_str());
     os << buf;
   }
   if (budget > 0) {

@@ -32,6 +32,11 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
     KESTREL_CHECK(ok, "train", "precision must be auto, f32, bf16 or f16, got '", prec, "'");
   }
   r.recompute = autograd::parse_recompute_policy(cfg["recompute"]);
+  const nlohmann::json& tile = cfg["mlp_tile_tokens"];
+  r.mlp_tile_auto = tile.is_string();
+  KESTREL_CHECK(r.mlp_tile_auto ? tile == "auto" : tile.is_number_integer() && tile.get<int64_t>() >= 0, "train",
+                "mlp_tile_tokens must be \"auto\" or a token count >= 0 (0 = untiled), got ", tile.dump());
+  r.mlp_tile_tokens = r.mlp_tile_auto ? 0 : tile.get<int64_t>();
   r.memory_budget = cfg["memory_budget"];
   if (!r.memory_budget.empty())
     r.memory_budget_bytes =

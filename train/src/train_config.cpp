@@ -54,11 +54,13 @@ json default_train_config() {
         {"state_dtype", "f32"},
         {"master_weights", "f32"},
         {"step_in_backward", false},
+        {"gradients", "device"},
         {"staging_slot_mib", 64},
         {"staging_slots", 4}}},
       {"device", "auto"},
       {"precision", "auto"},
       {"recompute", "none"},
+      {"mlp_tile_tokens", "auto"},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",
        {{"pinned_limit", size_text(mem.pinned_limit)},
@@ -133,6 +135,12 @@ void merge(json& base, const json& user, const std::string& path, const std::str
       KESTREL_CHECK(it.value().is_object(), "config", source, ": '", key,
                     "' must be an object of dotted overrides, e.g. {\"train.steps\": 500}");
       for (auto o = it.value().begin(); o != it.value().end(); ++o) slot[o.key()] = o.value();
+    } else if (key == "mlp_tile_tokens") {
+      // "auto" (chosen from the memory budget) or a token count (0: untiled).
+      const json& v = it.value();
+      KESTREL_CHECK(v.is_number() || v == "auto", "config", source,
+                    ": 'mlp_tile_tokens' must be \"auto\" or a token count (0 = untiled), got ", v.dump());
+      slot = v.is_number() ? integer_value(v, key, source) : v;
     } else if (slot.is_object()) {
       merge(slot, it.value(), key, source);
     } else {

@@ -26,6 +26,7 @@
 
 #include "batch_prefetcher.h"
 #include "checkpoint_io.h"
+#include "gradient_stream.h"
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
@@ -41,6 +42,7 @@
 #endif
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
+#include "kestrel/train/memory_plan.h"
 #include "kestrel/train/memory_profile.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/run_config.h"
@@ -66,6 +68,7 @@ struct Trainer::Impl {
   std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries left in the config
   int64_t batch_size, accum, total_steps;
   bool step_in_backward = false;  // optimizer.step_in_backward
+  std::unique_ptr<GradientStream> grad_stream;  // optimizer.gradients "host"
   double grad_clip;
   std::string out_dir;
   // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
@@ -126,6 +129,14 @@ struct Trainer::Impl {
     nonfinite_skip = nonfinite == "skip";
 
     task = make_task(cfg, dtype, device);
+    if (models::Decoder* dec = task->decoder()) {
+      // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
+      const int64_t tile = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg) : run.mlp_tile_tokens;
+      dec->set_mlp_tile_tokens(tile);
+      if (tile > 0)
+        log("mlp_tile_tokens " + std::to_string(tile) + (run.mlp_tile_auto ? " (auto: the untiled MLP does not fit " +
+                                                                                 run.memory_budget + ")" : ""));
+    }
     if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(task->parameters(), init);
     AdamWOptions ao;
     ao.lr = tr["lr"];
@@ -138,6 +149,24 @@ struct Trainer::Impl {
     const OptimizerPlacement placement = optimizer_placement_from_config(cfg, device);
     optim = std::make_unique<AdamW>(task->parameters(), ao, placement);
     step_in_backward = placement.step_in_backward;
+    // optimizer.gradients "host": each gradient leaves the device as backward completes it.
+    const std::string grads_at = cfg["optimizer"]["gradients"];
+    KESTREL_CHECK(grads_at == "device" || grads_at == "host", "train",
+                  "optimizer.gradients must be \"device\" or \"host\", got '", grads_at, "'");
+    if (grads_at == "host") {
+      KESTREL_CHECK(placement.offload == OptimizerOffload::Host, "train",
+                    "optimizer.gradients=\"host\" needs optimizer.offload=\"host\" (the update runs where the "
+                    "gradients are); set both, or keep the gradients on the device");
+      KESTREL_CHECK(accum == 1, "train", "optimizer.gradients=\"host\" streams each gradient out as backward "
+                    "completes it, so a step takes one micro-batch: set train.grad_accum to 1 (got ", accum,
+                    ") or keep the gradients on the device");
+      KESTREL_CHECK(!step_in_backward, "train", "optimizer.gradients=\"host\" and optimizer.step_in_backward "
+                    "exclude each other (the update either waits for every gradient on the host or runs inside "
+                    "backward)");
+      grad_stream = std::make_unique<GradientStream>(task->parameters());
+      log("optimizer.gradients=host: " + format_bytes(grad_stream->host_bytes()) +
+          " of pinned host memory receives each gradient as backward completes it");
+    }
     const int64_t depth = cfg["prefetch"];
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
     Task* t = task.get();
@@ -206,14 +235,26 @@ struct Trainer::Impl {
         ++step;
         return {loss_sum, gnorm, tokens};
       }
-      std::vector<Tensor> grads;
-      for (auto& [name, p] : task->parameters().items())
-        if (p->grad().defined()) grads.push_back(p->grad());
-      gnorm = clip_grad_norm_device(grads, grad_clip);
+      if (grad_stream) {
+        // The gradients are (or are landing) on the host: norm and clip there, then hand the host
+        // copies to the offloaded update as the parameters' gradients.
+        gnorm = Tensor::full({}, grad_stream->finish(grad_clip), DType::F32, Device::cpu());
+        size_t i = 0;
+        for (auto& [name, p] : task->parameters().items()) {
+          const Tensor& h = grad_stream->gradients()[i++];
+          if (h.defined()) p->set_grad(h);
+        }
+      } else {
+        std::vector<Tensor> grads;
+        for (auto& [name, p] : task->parameters().items())
+          if (p->grad().defined()) grads.push_back(p->grad());
+        gnorm = clip_grad_norm_device(grads, grad_clip);
+      }
       // train.nonfinite "skip": read loss and norm now (a host sync) so a bad step changes nothing.
       last_step_skipped = nonfinite_skip && !(std::isfinite(loss_sum.item()) && std::isfinite(gnorm.item()));
       if (!last_step_skipped) optim->step(schedule.at(step + 1));
       task->parameters().zero_grad();
+      if (grad_stream) grad_stream->clear();
     }
     ++step;
     return {loss_sum, gnorm, tokens};

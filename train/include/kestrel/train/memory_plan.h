@@ -14,8 +14,10 @@
 // the prefetcher holds it (CUDA: device copies tagged Activation, two with prefetch on; CPU: views
 // of host memory, not counted). The result is the peak per tag and the peak of the sum (bytes
 // in use), which a profile measures exactly.
-// Not modelled: allocator rounding (512 B) and caching (reserved > in use on CUDA), offloading
-// (planned as recompute: the offloaded region inputs are counted on the device), External
+// Offload regions (CUDA): each region input leaves the device once its copy to pinned memory lands
+// (the offloader's in-flight rule), and comes back one region ahead in backward (tag Checkpoint).
+// The decoder MLP runs untiled or over token tiles (mlp_tile_tokens; kestrel/ops/mlp.h).
+// Not modelled: allocator rounding (512 B) and caching (reserved > in use on CUDA), External
 // (context and library memory: pass `external_bytes`; the default is the H200 / CUDA 13 figure),
 // and allocations smaller than one row of the batch.
 #pragma once
@@ -39,7 +41,12 @@ struct MemoryPlan {
   int64_t headroom = 0;       // budget - (peak + external)
   int64_t tokens = 0;         // tokens in the largest micro-batch planned
   int64_t parameters = 0;     // parameter count
+  int64_t mlp_tile_tokens = 0;  // the decoder MLP's token tile planned (0: untiled)
   std::string precision, recompute, device;
+  // offload regions: region inputs held in pinned host memory at the end of the forward
+  int64_t host_activations = 0;
+  // optimizer.gradients "host": the pinned copies of the parameter gradients
+  int64_t host_gradients = 0;
   // optimizer.offload "host": what the host holds instead (bytes); the device budget excludes it.
   std::string optimizer_offload = "none";
   int64_t host_optimizer_state = 0;  // f32 master + exp_avg + exp_avg_sq
@@ -63,5 +70,12 @@ struct PlanOptions {
 // `config` is a resolved trainer config (resolve_train_config); the device, precision, recompute
 // policy and budget are read as the Trainer reads them (RunConfig::resolve, run_config.h).
 MemoryPlan plan_memory(const nlohmann::json& config, const PlanOptions& options = {});
+
+// The decoder MLP's token tile for this run: mlp_tile_tokens when it is a number; for "auto", 0
+// (untiled, the fastest) when there is no budget or the untiled plan fits it with 10% to spare (the
+// allocator's cache over the bytes in use measured 5% at 256k tokens), else
+// the largest of 16384, 8192, 4096, 2048 and 1024 tokens (below the micro-batch's) whose plan fits,
+// else 1024.
+int64_t choose_mlp_tile_tokens(const nlohmann::json& config, const PlanOptions& options = {});
 
 }  // namespace kestrel::train

@@ -31,13 +31,18 @@ struct RunConfig {
   // What the Trainer pushes into a CUDA device (configure_memory): the budget above and "memory":
   // pinned_limit, offload_inflight (sizes), allocator ("vmm" | "malloc"), matmul_tf32 (bool).
   MemoryConfig memory;
+  // "mlp_tile_tokens": the decoder MLP's token tile (kestrel/ops/mlp.h), 0 = untiled; "auto" leaves
+  // the choice to the planner (choose_mlp_tile_tokens in memory_plan.h: untiled unless the budget
+  // needs it).
+  bool mlp_tile_auto = true;
+  int64_t mlp_tile_tokens = 0;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }
   // Whether the budget is enforced: one was given and the run is on a CUDA device.
   bool budget_applies() const { return has_budget() && device.is_cuda(); }
 
-  // Reads the four keys; errors name the key and the value.
+  // Reads the keys above; errors name the key and the value.
   static RunConfig resolve(const nlohmann::json& cfg);
   // The device alone, for choosing the on_cpu / on_cuda overrides before the rest is final.
   static Device resolve_device(const nlohmann::json& cfg);
