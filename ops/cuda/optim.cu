@@ -38,15 +38,6 @@ struct AdamWList {
   DType gt[kMaxTensors], ct[kMaxTensors], pt[kMaxTensors];
 };
 
-struct AdamWConst {
-  float decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps;
-};
-
-__device__ __forceinline__ int find_tensor(const int* start, int count) {
-  int t = 0;
-  while (t + 1 < count && static_cast<int>(blockIdx.x) >= start[t + 1]) ++t;
-  return t;
-}
 
 __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   int t = find_tensor(L.block_start, L.count);
@@ -74,17 +65,7 @@ __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
 }
 
 void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels::AdamWHyper& h) {
-  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
-  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-  AdamWConst c;
-  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  c.b1 = static_cast<float>(h.beta1);
-  c.b2 = static_cast<float>(h.beta2);
-  c.one_minus_b1 = 1.0f - c.b1;  // float arithmetic, as the CPU's (1 - b1) with C = float
-  c.one_minus_b2 = 1.0f - c.b2;
-  c.step_size = static_cast<float>(h.lr / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  c.eps = static_cast<float>(h.eps);
+  const AdamWConst c = adamw_constants(h);
   cudaStream_t s = cuda::current_stream();
   size_t i = 0;
   while (i < tensors.size()) {

@@ -38,15 +38,6 @@ struct Q8List {
   DType pt[kMaxTensors], gt[kMaxTensors], ct[kMaxTensors];
 };
 
-struct Q8Const {
-  float decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps;
-};
-
-__device__ __forceinline__ int find_tensor(const int* start, int count) {
-  int t = 0;
-  while (t + 1 < count && static_cast<int>(blockIdx.x) >= start[t + 1]) ++t;
-  return t;
-}
 
 // NaN-propagating absmax of the block's (non-negative or NaN) partials.
 __device__ __forceinline__ float block_absmax(float a, float* sm) {
@@ -59,7 +50,7 @@ __device__ __forceinline__ float block_absmax(float a, float* sm) {
   return r;
 }
 
-__global__ __launch_bounds__(kThreads) void adamw_q8_kernel(Q8List L, Q8Const c) {
+__global__ __launch_bounds__(kThreads) void adamw_q8_kernel(Q8List L, AdamWConst c) {
   __shared__ float sm_m[kThreads / 32], sm_v[kThreads / 32];
   const int t = find_tensor(L.block_start, L.count);
   const int64_t k = blockIdx.x - L.block_start[t], n = L.n[t], base = k * q8::kBlock;
@@ -106,17 +97,7 @@ __global__ __launch_bounds__(kThreads) void adamw_q8_kernel(Q8List L, Q8Const c)
 }
 
 void adamw_q8_cuda(const std::vector<kernels::AdamWQ8Tensors>& tensors, const kernels::AdamWHyper& h) {
-  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
-  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-  Q8Const c;
-  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  c.b1 = static_cast<float>(h.beta1);
-  c.b2 = static_cast<float>(h.beta2);
-  c.one_minus_b1 = 1.0f - c.b1;  // float arithmetic, as the CPU's (1 - b1)
-  c.one_minus_b2 = 1.0f - c.b2;
-  c.step_size = static_cast<float>(h.lr / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  c.eps = static_cast<float>(h.eps);
+  const AdamWConst c = adamw_constants(h);
   cudaStream_t s = cuda::current_stream();
   size_t i = 0;
   while (i < tensors.size()) {

@@ -1,11 +1,42 @@
-// Private: the 16-bit rounding of optimizer outputs on CUDA (optim.cu, optim_q8.cu), the device twin
-// of cpu/optim.cpp's round_stochastic / write_copy.
+// Private: what the AdamW kernels on CUDA share (optim.cu, optim_q8.cu): the per-step constants, the
+// multi-tensor block lookup, and the 16-bit rounding of their outputs (the device twin of
+// cpu/optim.cpp's round_stochastic / write_copy).
 #pragma once
 
+#include <cmath>
+
 #include "cuda/common.cuh"
+#include "kernels/optim.h"
 #include "kestrel/runtime/philox.h"
 
 namespace kestrel::cuda_ops {
+
+// AdamW's per-step constants in f32, formed on the host as cpu/optim.cpp forms them.
+struct AdamWConst {
+  float decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps;
+};
+
+inline AdamWConst adamw_constants(const kernels::AdamWHyper& h) {
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  AdamWConst c;
+  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  c.b1 = static_cast<float>(h.beta1);
+  c.b2 = static_cast<float>(h.beta2);
+  c.one_minus_b1 = 1.0f - c.b1;  // float arithmetic, as the CPU's (1 - b1) with C = float
+  c.one_minus_b2 = 1.0f - c.b2;
+  c.step_size = static_cast<float>(h.lr / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.eps = static_cast<float>(h.eps);
+  return c;
+}
+
+// The tensor of a multi-tensor launch that this block works on (`start`: each tensor's first block).
+__device__ __forceinline__ int find_tensor(const int* start, int count) {
+  int t = 0;
+  while (t + 1 < count && static_cast<int>(blockIdx.x) >= start[t + 1]) ++t;
+  return t;
+}
 
 // round_stochastic of cpu/optim.cpp; T16 = bf16 (IS_BF16) or f16, returns the bits.
 template <bool IS_BF16>
