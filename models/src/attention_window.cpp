@@ -18,7 +18,9 @@ namespace {
 constexpr const char* kComp = "config";
 using nlohmann::json;
 
-bool slides(const TextConfig& t) { return t.model_type == "mistral" || t.model_type == "qwen2" || t.model_type == "qwen3"; }
+bool slides(const TextConfig& t) {
+  return t.model_type == "mistral" || t.model_type == "qwen2" || t.model_type == "qwen3";
+}
 
 // The window a sliding layer uses, 0 when the config has none.
 int64_t window_of(const TextConfig& t) {

@@ -169,7 +169,8 @@ TEST(SlidingWindowConfig, MistralKvCacheMatchesFullForward) {
   Decoder m(c, DType::F32, Device::cpu(), 7);
   const std::vector<int64_t> ids = {5, 9, 1, 30, 2, 17, 8, 11, 3};
   const int64_t T = static_cast<int64_t>(ids.size());
-  Tensor full = m.logits(m.forward(m.embed(Tensor::from_vector(ids, {T})), PackedBatch::from_lengths({T}, Device::cpu())));
+  const PackedBatch batch = PackedBatch::from_lengths({T}, Device::cpu());
+  Tensor full = m.logits(m.forward(m.embed(Tensor::from_vector(ids, {T})), batch));
   KvCache cache;
   const int64_t prefix = 4;
   std::vector<Tensor> rows;
@@ -178,13 +179,13 @@ TEST(SlidingWindowConfig, MistralKvCacheMatchesFullForward) {
                               {prefix}, cache);
   rows.push_back(m.logits(h));
   for (int64_t t = prefix; t < T; ++t)
-    rows.push_back(m.logits(m.forward_cached(m.embed(Tensor::from_vector(std::vector<int64_t>{ids[t]}, {1})), {1}, cache)));
+    rows.push_back(
+        m.logits(m.forward_cached(m.embed(Tensor::from_vector(std::vector<int64_t>{ids[t]}, {1})), {1}, cache)));
   EXPECT_LT(testing::rel_l2(concat(rows, 0), full), 1e-5);
   // And the window matters here: without it the logits differ.
   c.sliding_window.reset();
   Decoder nowin(c, DType::F32, Device::cpu(), 7);
-  Tensor full_nowin =
-      nowin.logits(nowin.forward(nowin.embed(Tensor::from_vector(ids, {T})), PackedBatch::from_lengths({T}, Device::cpu())));
+  Tensor full_nowin = nowin.logits(nowin.forward(nowin.embed(Tensor::from_vector(ids, {T})), batch));
   EXPECT_GT(testing::rel_l2(full_nowin, full), 1e-3);
 }
 

@@ -81,7 +81,8 @@ void run_case(const WindowCase& c, DType dt) {
   const double e_out = testing::rel_l2(got.out, ref.out), e_dq = testing::rel_l2_floored(got.dq, ref.dq, 1e-3),
                e_dk = testing::rel_l2_floored(got.dk, ref.dk, 1e-3), e_dv = testing::rel_l2(got.dv, ref.dv);
   std::printf("[flash window] W=%-4lld D=%-3lld %s out %.2e dq %.2e dk %.2e dv %.2e\n",
-              static_cast<long long>(c.window), static_cast<long long>(c.d), std::string(dtype_name(dt)).c_str(), e_out, e_dq, e_dk, e_dv);
+              static_cast<long long>(c.window), static_cast<long long>(c.d), std::string(dtype_name(dt)).c_str(),
+              e_out, e_dq, e_dk, e_dv);
   EXPECT_LE(e_out, tol_out(dt));
   EXPECT_LE(e_dq, tol_grad(dt));
   EXPECT_LE(e_dk, tol_grad(dt));
@@ -200,7 +201,8 @@ TEST(FlashAttentionWindowCuda, WindowSkipsTilesOutsideIt) {
   KESTREL_REQUIRE_GPU();
   for (int D : {64, 128}) {
     const Timing full = time_causal(16384, 16, D, 0), win = time_causal(16384, 16, D, 512);
-    std::printf("[flash window] T=16384 H=16 D=%d: causal fwd %.3f ms bwd %.3f ms; window 512 fwd %.3f ms bwd %.3f ms\n",
+    std::printf("[flash window] T=16384 H=16 D=%d: causal fwd %.3f ms bwd %.3f ms; "
+                "window 512 fwd %.3f ms bwd %.3f ms\n",
                 D, full.fwd_ms, full.bwd_ms, win.fwd_ms, win.bwd_ms);
     EXPECT_LT(win.fwd_ms, 0.3f * full.fwd_ms) << "D=" << D;
     EXPECT_LT(win.bwd_ms, 0.3f * full.bwd_ms) << "D=" << D;
