@@ -21,11 +21,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <sstream>
 
 #include "batch_prefetcher.h"
 #include "checkpoint_io.h"
+#include "data_parallel.h"
 #include "gradient_stream.h"
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
@@ -69,6 +71,10 @@ struct Trainer::Impl {
   int64_t batch_size, accum, total_steps;
   bool step_in_backward = false;  // optimizer.step_in_backward
   std::unique_ptr<GradientStream> grad_stream;  // optimizer.gradients "host"
+  std::shared_ptr<Communicator> comm;             // data parallelism (null: one rank)
+  std::unique_ptr<GradientAllReduce> grad_reduce;  // with a communicator
+  DataShard shard;
+  bool writer() const { return shard.rank == 0; }  // checkpoints, metrics, reports
   double grad_clip;
   std::string out_dir;
   // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
@@ -91,7 +97,7 @@ struct Trainer::Impl {
     }
   };
 
-  explicit Impl(const json& c) : cfg(c) {
+  explicit Impl(const json& c, std::shared_ptr<Communicator> cm) : cfg(c), comm(std::move(cm)) {
     const RunConfig run = RunConfig::resolve(cfg);
     device = run.device;
     dtype = run.dtype;
@@ -167,6 +173,16 @@ struct Trainer::Impl {
       log("optimizer.gradients=host: " + format_bytes(grad_stream->host_bytes()) +
           " of pinned host memory receives each gradient as backward completes it");
     }
+    // distributed.*: this rank trains on rows [rank, rank + 1) / world of each global micro-batch.
+    if (!comm) comm = connect_data_parallel(cfg, device);
+    shard = check_data_parallel(cfg, comm.get(), batch_size, step_in_backward, grad_stream != nullptr);
+    if (comm) {  // world size > 1, or NCCL asked for by name (the same path at world size 1)
+      grad_reduce = std::make_unique<GradientAllReduce>(
+          task->parameters(), *comm, static_cast<int64_t>(cfg["distributed"]["bucket_mib"].get<double>() * (1 << 20)));
+      log("data parallel: rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world) + " (" +
+          comm->backend() + "), " + std::to_string(batch_size / shard.world) + " rows of each micro-batch of " +
+          std::to_string(batch_size));
+    }
     const int64_t depth = cfg["prefetch"];
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
     Task* t = task.get();
@@ -175,7 +191,8 @@ struct Trainer::Impl {
     KESTREL_CHECK(threads >= 0 && threads <= 64, "train", "prefetch_threads must lie in [0, 64], got ", threads);
     // Auto: one thread beside the CPU's compute threads; four feeding a GPU.
     if (threads == 0) threads = device.is_cuda() ? 4 : 1;
-    prefetcher = std::make_unique<BatchPrefetcher>([t, bs](uint64_t index) { return t->prepare(index, bs); }, device,
+    prefetcher = std::make_unique<BatchPrefetcher>(
+        [t, bs, sh = shard](uint64_t index) { return t->prepare(sh.index(index), bs / sh.world); }, device,
                                                    static_cast<int>(depth), threads);
   }
 
@@ -215,6 +232,7 @@ struct Trainer::Impl {
         // optimizer.step_in_backward: the parameters are updated (and their gradients dropped) by
         // grad-ready hooks inside this backward (accum is 1 then).
         if (step_in_backward) optim->begin_step(schedule.at(step + 1));
+        if (grad_reduce && m == accum - 1) grad_reduce->arm();  // the last micro-batch averages the gradients
         autograd::backward({loss}, {seed});
         if (step_in_backward) optim->end_step();
       }
@@ -222,6 +240,11 @@ struct Trainer::Impl {
         add_into(loss_sum, loss.detach());
       else
         loss_sum = loss.detach().to(DType::F32).clone();
+    }
+    if (grad_reduce) {
+      grad_reduce->finish();
+      comm->all_reduce(loss_sum, ReduceOp::Avg);  // the logged loss is the global batch's
+      comm->wait();
     }
     Tensor gnorm;
     {
@@ -318,7 +341,9 @@ struct Trainer::Impl {
   EvalResult evaluate() { return task->evaluate(); }
 };
 
-Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config)) {}
+Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config, nullptr)) {}
+Trainer::Trainer(const json& config, std::shared_ptr<Communicator> comm)
+    : impl_(std::make_unique<Impl>(config, std::move(comm))) {}
 Trainer::~Trainer() = default;
 void Trainer::set_log_callback(std::function<void(const std::string&)> cb) { impl_->log = std::move(cb); }
 void Trainer::set_memory_profiling(bool on) { impl_->memory_profiling = on; }
@@ -444,8 +469,9 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
 TrainSummary Trainer::run() {
   Impl& I = *impl_;
   fs::create_directories(I.out_dir);
-  for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
-  if (!I.resumed) {
+  // Data parallelism: rank 0 alone owns out_dir (checkpoints, metrics, the memory report).
+  if (I.writer()) for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
+  if (!I.resumed && I.writer()) {
     // A fresh run: checkpoints already here belong to another run, which this one would prune and
     // a later --resume latest would mix up with its own.
     std::vector<std::string> theirs = checkpoint_folders(I.out_dir);
@@ -458,7 +484,8 @@ TrainSummary Trainer::run() {
                   theirs.size(), " checkpoint(s) (newest ", theirs.back(), "). Continue that run with --resume latest, ",
                   "delete them with --overwrite-out-dir, or choose another out_dir");
   }
-  MetricsFile metrics(I.out_dir + "/metrics.jsonl", /*append=*/I.step > 0);
+  std::optional<MetricsFile> metrics;
+  if (I.writer()) metrics.emplace(I.out_dir + "/metrics.jsonl", /*append=*/I.step > 0);
   const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
   const int64_t keep = I.cfg["keep_checkpoints"];
@@ -497,10 +524,14 @@ TrainSummary Trainer::run() {
       run_with_memory_report([&] { std::tie(loss_t, gnorm_t, tokens) = I.train_step(); }, I.out_dir, I.device,
                              I.log_start, [&] { return I.report_fields(); },
                              {{"source", "kestrel-train OutOfBudget"}, {"step", I.step + 1}});
-    } catch (const OutOfBudget&) {
+    } catch (const OutOfBudget& e) {
       I.log("out of the memory budget at step " + std::to_string(I.step + 1) + "; memory report: " + I.out_dir +
             "/memory_report.json, profile: " + I.out_dir + "/memory.html");
       if (!I.memory_profiling) memory_trace(I.device).set_event_logging(false);
+      if (I.grad_reduce) I.comm->abort(e.what());
+      throw;
+    } catch (const std::exception& e) {
+      if (I.grad_reduce) I.comm->abort(e.what());  // the other ranks fail with this message, not a timeout
       throw;
     }
     synchronize(I.device);
@@ -527,7 +558,7 @@ TrainSummary Trainer::run() {
       row["gpu_idle_ms"] = I.optim->last_step_gpu_idle_ms();
       row["host"] = I.host_json();
     }
-    metrics.write_line(row.dump());
+    if (metrics) metrics->write_line(row.dump());
     if (I.step % log_every == 0 || I.step == 1 || I.step == I.total_steps) {
       // Progress: time left at the average pace of this run so far.
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
@@ -575,10 +606,13 @@ TrainSummary Trainer::run() {
       }
     }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
-      std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg, keep,
-                                        I.checkpoint_form);
-      I.last_checkpoint = dir;
-      I.log("checkpoint " + dir);
+      if (I.writer()) {
+        std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
+                                          keep, I.checkpoint_form);
+        I.last_checkpoint = dir;
+        I.log("checkpoint " + dir);
+      }
+      if (I.grad_reduce) I.comm->barrier();  // no rank runs ahead of a checkpoint being written
     }
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
@@ -593,7 +627,7 @@ TrainSummary Trainer::run() {
     memory_trace(I.device).set_event_logging(false);
     memory_trace(I.device).clear_events();
   }
-  sum.memory_report_path = write_memory_report(I.out_dir, I.device, "", I.log_start, I.report_fields());
+  if (I.writer()) sum.memory_report_path = write_memory_report(I.out_dir, I.device, "", I.log_start, I.report_fields());
   return sum;
 }
 

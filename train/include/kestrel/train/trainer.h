@@ -15,6 +15,10 @@
 
 #include "kestrel/runtime/device.h"
 
+namespace kestrel {
+class Communicator;  // kestrel/runtime/communicator.h
+}
+
 namespace kestrel::train {
 
 struct EvalResult {
@@ -43,6 +47,12 @@ class Trainer {
  public:
   // `config` must be resolved (resolve_train_config). Throws kestrel::Error on bad values.
   explicit Trainer(const nlohmann::json& config);
+  // Data parallelism over `comm` (tests: one in-process communicator per thread): this trainer is
+  // rank comm->rank() of comm->world_size(); train.batch_size is the global micro-batch, split
+  // evenly over the ranks, and gradients are averaged in backward. Only rank 0 writes checkpoints,
+  // metrics and the memory report. Without a communicator the launcher's environment decides
+  // (distributed.backend; see train/src/data_parallel.h).
+  Trainer(const nlohmann::json& config, std::shared_ptr<Communicator> comm);
   ~Trainer();
 
   // Resumes from a checkpoint folder ("" = none; "latest" = the newest intact one under
