@@ -27,23 +27,22 @@ endif()
 if(KESTREL_CUDA)
   find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cuda_driver, CUDA::cublasLt, CUDA::cublas
   # cuDNN is not looked for: nothing uses it yet (patch embedding is unfold + GEMM). NCCL is
-  # optional: the communicator's NCCL backend (runtime/cuda/comm_nccl.cpp) is built when nccl.h and
-  # libnccl are found next to the toolkit (or under NCCL_ROOT / KESTREL_NCCL_ROOT), and skipped
-  # otherwise (make_nccl_communicator then refuses, naming the missing build). KESTREL_NCCL=OFF skips it.
-  option(KESTREL_NCCL "Build the NCCL communicator backend when NCCL is found" ON)
+  # optional: the communicator's NCCL backend (runtime/cuda/comm_nccl.cpp) is compiled where nccl.h
+  # is found next to the toolkit (or under NCCL_ROOT / KESTREL_NCCL_ROOT) and skipped otherwise
+  # (make_nccl_communicator then refuses, naming the missing build). libnccl itself is opened at
+  # run time (dlopen), so libkestrel loads where it is absent. KESTREL_NCCL=OFF skips the backend.
+  option(KESTREL_NCCL "Build the NCCL communicator backend when nccl.h is found" ON)
   set(KESTREL_HAVE_NCCL OFF)
   if(KESTREL_NCCL)
     find_path(KESTREL_NCCL_INCLUDE_DIR nccl.h
               HINTS ${KESTREL_NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-    find_library(KESTREL_NCCL_LIBRARY NAMES nccl
-                 HINTS ${KESTREL_NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
-    if(KESTREL_NCCL_INCLUDE_DIR AND KESTREL_NCCL_LIBRARY)
+    if(KESTREL_NCCL_INCLUDE_DIR)
       set(KESTREL_HAVE_NCCL ON)
       add_library(kestrel_nccl INTERFACE IMPORTED)
       target_include_directories(kestrel_nccl INTERFACE ${KESTREL_NCCL_INCLUDE_DIR})
-      target_link_libraries(kestrel_nccl INTERFACE ${KESTREL_NCCL_LIBRARY})
+      target_link_libraries(kestrel_nccl INTERFACE ${CMAKE_DL_LIBS})
     endif()
   endif()
   message(STATUS "Kestrel CUDA: toolkit ${CUDAToolkit_VERSION}, arch ${CMAKE_CUDA_ARCHITECTURES}, "
-                 "NCCL ${KESTREL_HAVE_NCCL} ${KESTREL_NCCL_LIBRARY}")
+                 "NCCL backend ${KESTREL_HAVE_NCCL} (${KESTREL_NCCL_INCLUDE_DIR})")
 endif()

@@ -13,7 +13,12 @@
 //   timeout and abort the communicator instead of hanging;
 // - NCCL's own device memory (its buffers and channels) is measured when the communicator is built
 //   (cuda::refresh_external: the drop in free memory not reserved by our allocator) and so counts
-//   as External in the device's trace and against the memory budget.
+//   as External in the device's trace and against the memory budget;
+// - libnccl is opened at run time (dlopen "libnccl.so.2", the first time a communicator or unique
+//   id is asked for), as libcuda is: libkestrel has no load-time dependency on it, so every other
+//   binary runs where NCCL is absent, and asking for NCCL there is an error naming the library.
+//   nccl.h supplies the types and signatures only.
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -30,8 +35,8 @@
   do {                                                                                                    \
     ncclResult_t kestrel_nr_ = (expr);                                                                    \
     if (kestrel_nr_ != ncclSuccess && kestrel_nr_ != ncclInProgress)                                      \
-      throw ::kestrel::make_error("nccl", #expr, " failed: ", ncclGetErrorString(kestrel_nr_), " (",       \
-                                  ncclGetLastError(nullptr), ") (", __FILE__, ":", __LINE__, ")");        \
+      throw ::kestrel::make_error("nccl", #expr, " failed: ", nccl().GetErrorString(kestrel_nr_), " (",    \
+                                  nccl().GetLastError(nullptr), ") (", __FILE__, ":", __LINE__, ")");        \
   } while (0)
 
 namespace kestrel {
@@ -39,6 +44,57 @@ namespace kestrel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The NCCL entry points, resolved once from libnccl.so.2.
+struct NcclApi {
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+  decltype(&ncclCommFinalize) CommFinalize = nullptr;
+  decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclCommAbort) CommAbort = nullptr;
+  decltype(&ncclAllReduce) AllReduce = nullptr;
+  decltype(&ncclReduceScatter) ReduceScatter = nullptr;
+  decltype(&ncclAllGather) AllGather = nullptr;
+  decltype(&ncclBroadcast) Broadcast = nullptr;
+  decltype(&ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&ncclGetLastError) GetLastError = nullptr;
+};
+
+template <typename F>
+void resolve(void* lib, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(::dlsym(lib, name));
+  KESTREL_CHECK(fn != nullptr, "comm", "libnccl.so.2 has no ", name, " (NCCL older than 2.19?)");
+}
+
+NcclApi load_nccl() {
+  void* lib = ::dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* why = ::dlerror();
+    throw make_error("comm", "cannot load libnccl.so.2 (", why ? why : "unknown",
+                     "): install NCCL or put its lib folder on LD_LIBRARY_PATH (e.g. /usr/local/cuda/lib64)");
+  }
+  NcclApi a;
+  resolve(lib, a.GetUniqueId, "ncclGetUniqueId");
+  resolve(lib, a.CommInitRankConfig, "ncclCommInitRankConfig");
+  resolve(lib, a.CommGetAsyncError, "ncclCommGetAsyncError");
+  resolve(lib, a.CommFinalize, "ncclCommFinalize");
+  resolve(lib, a.CommDestroy, "ncclCommDestroy");
+  resolve(lib, a.CommAbort, "ncclCommAbort");
+  resolve(lib, a.AllReduce, "ncclAllReduce");
+  resolve(lib, a.ReduceScatter, "ncclReduceScatter");
+  resolve(lib, a.AllGather, "ncclAllGather");
+  resolve(lib, a.Broadcast, "ncclBroadcast");
+  resolve(lib, a.GetErrorString, "ncclGetErrorString");
+  resolve(lib, a.GetLastError, "ncclGetLastError");
+  return a;  // the library stays open for the process's life
+}
+
+// Throws (and retries on the next call) where libnccl cannot be loaded.
+const NcclApi& nccl() {
+  static const NcclApi api = load_nccl();
+  return api;
+}
 
 ncclDataType_t nccl_type(DType d) {
   switch (d) {
@@ -68,7 +124,7 @@ class NcclCommunicator final : public Communicator {
     done_ = std::make_unique<cuda::Event>();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // initialisation and collectives return at once; we poll against the timeout
-    KESTREL_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world, id, rank, &config));
+    KESTREL_NCCL_CHECK(nccl().CommInitRankConfig(&comm_, world, id, rank, &config));
     poll_ready("initialisation (waiting for every rank to join)");
     // NCCL's buffers are now allocated: charge them to the budget as External.
     cuda::refresh_external(device);
@@ -83,7 +139,7 @@ class NcclCommunicator final : public Communicator {
       const auto deadline = Clock::now() + timeout_;
       while (Clock::now() < deadline) {
         ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(comm_, &async);
+        nccl().CommGetAsyncError(comm_, &async);
         if (async != ncclSuccess && async != ncclInProgress) break;
         cudaError_t q = cudaStreamQuery(stream_);
         if (q == cudaSuccess) {
@@ -94,11 +150,11 @@ class NcclCommunicator final : public Communicator {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       if (done) {
-        ncclCommFinalize(comm_);
+        nccl().CommFinalize(comm_);
         poll_ready_nothrow();
-        ncclCommDestroy(comm_);
+        nccl().CommDestroy(comm_);
       } else {
-        ncclCommAbort(comm_);
+        nccl().CommAbort(comm_);
       }
     }
     if (stream_) KESTREL_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
@@ -111,7 +167,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(Tensor& t, ReduceOp op) override {
     comm_detail::check_tensor("all_reduce", t, true, Device::cuda(device_));
     auto s = begin({&t});
-    KESTREL_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+    KESTREL_NCCL_CHECK(nccl().AllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                                      op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_));
     end("all_reduce");
   }
@@ -121,7 +177,7 @@ class NcclCommunicator final : public Communicator {
     comm_detail::check_tensor("reduce_scatter", output, true, Device::cuda(device_));
     comm_detail::check_split("reduce_scatter", input, output, world_);
     auto s = begin({&input, &output});
-    KESTREL_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
+    KESTREL_NCCL_CHECK(nccl().ReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
                                          nccl_type(input.dtype()), op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_,
                                          stream_));
     end("reduce_scatter");
@@ -132,7 +188,7 @@ class NcclCommunicator final : public Communicator {
     comm_detail::check_tensor("all_gather", output, false, Device::cuda(device_));
     comm_detail::check_split("all_gather", output, input, world_);
     auto s = begin({&input, &output});
-    KESTREL_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm_, stream_));
+    KESTREL_NCCL_CHECK(nccl().AllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm_, stream_));
     end("all_gather");
   }
 
@@ -140,7 +196,7 @@ class NcclCommunicator final : public Communicator {
     comm_detail::check_tensor("broadcast", t, false, Device::cuda(device_));
     KESTREL_CHECK(root >= 0 && root < world_, "comm", "broadcast: root ", root, " is not a rank of a group of ", world_);
     auto s = begin({&t});
-    KESTREL_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_));
+    KESTREL_NCCL_CHECK(nccl().Broadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_));
     end("broadcast");
   }
 
@@ -151,17 +207,17 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t async = ncclSuccess;
-      KESTREL_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      KESTREL_NCCL_CHECK(nccl().CommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
-        ncclCommAbort(comm_);
+        nccl().CommAbort(comm_);
         comm_ = nullptr;
-        throw make_error("comm", "barrier: NCCL failed: ", ncclGetErrorString(async));
+        throw make_error("comm", "barrier: NCCL failed: ", nccl().GetErrorString(async));
       }
       cudaError_t q = cudaEventQuery(done_->get());
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) KESTREL_CUDA_CHECK(q);
       if (Clock::now() >= deadline) {
-        ncclCommAbort(comm_);
+        nccl().CommAbort(comm_);
         comm_ = nullptr;
         throw make_error("comm", "barrier: timed out after ", std::chrono::duration<double>(timeout_).count(),
                          " s (rank ", rank_, " of ", world_, "): a peer died or is stuck; the communicator is aborted");
@@ -176,7 +232,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void abort(const std::string& reason) override {
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl().CommAbort(comm_);
     comm_ = nullptr;
     abort_reason_ = reason;
   }
@@ -204,15 +260,15 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      KESTREL_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      KESTREL_NCCL_CHECK(nccl().CommGetAsyncError(comm_, &state));
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
-        ncclCommAbort(comm_);
+        nccl().CommAbort(comm_);
         comm_ = nullptr;
-        throw make_error("comm", what, ": NCCL failed: ", ncclGetErrorString(state));
+        throw make_error("comm", what, ": NCCL failed: ", nccl().GetErrorString(state));
       }
       if (Clock::now() >= deadline) {
-        ncclCommAbort(comm_);
+        nccl().CommAbort(comm_);
         comm_ = nullptr;
         throw make_error("comm", what, ": timed out after ", std::chrono::duration<double>(timeout_).count(),
                          " s (rank ", rank_, " of ", world_, "); the communicator is aborted");
@@ -225,7 +281,7 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + timeout_;
     ncclResult_t state = ncclInProgress;
     while (state == ncclInProgress && Clock::now() < deadline) {
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return;
+      if (nccl().CommGetAsyncError(comm_, &state) != ncclSuccess) return;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
@@ -241,11 +297,18 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-bool nccl_available() { return true; }
+bool nccl_available() {
+  try {
+    nccl();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 std::vector<uint8_t> nccl_unique_id() {
   ncclUniqueId id;
-  KESTREL_NCCL_CHECK(ncclGetUniqueId(&id));
+  KESTREL_NCCL_CHECK(nccl().GetUniqueId(&id));
   std::vector<uint8_t> bytes(sizeof id);
   std::memcpy(bytes.data(), &id, sizeof id);
   return bytes;

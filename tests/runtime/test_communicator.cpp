@@ -258,8 +258,11 @@ TEST(SingleRankComm, CollectivesAreTheIdentity) {
 }
 
 TEST(NcclComm, UnavailableBuildRefusesByName) {
-  if (nccl_available()) GTEST_SKIP() << "built with NCCL (tests/runtime/cuda covers it)";
-  expect_has(error_of([] { make_nccl_communicator({}, 0, 1, 0); }), {"[comm]", "NCCL backend not built"});
+  if (nccl_available()) GTEST_SKIP() << "NCCL is here (tests/runtime/cuda covers it)";
+  // Not built, or built but libnccl.so.2 cannot be loaded: either way an error naming NCCL.
+  const std::string e = error_of([] { make_nccl_communicator({}, 0, 1, 0); });
+  expect_has(e, {"[comm]"});
+  EXPECT_TRUE(e.find("NCCL backend not built") != std::string::npos || e.find("libnccl.so.2") != std::string::npos) << e;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/rendezvous.h"
 #include "kestrel/runtime/parse_number.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/train/memory_profile.h"
@@ -42,6 +43,8 @@ void usage(FILE* f) {
                "  --help                 this text\n"
                "The config's on_cpu / on_cuda objects ({\"train.steps\": 600, ...}) apply on that device;\n"
                "--set wins over them.\n"
+               "Several GPUs: one process per GPU started by torchrun or srun (RANK, WORLD_SIZE, LOCAL_RANK,\n"
+               "MASTER_ADDR, MASTER_PORT or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); distributed.* keys.\n"
                "\n"
                "usage: kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...\n"
                "  text -> llm.c token file for data.type \"tokens\" (uint16 when the vocabulary fits, else uint32).\n"
@@ -130,6 +133,10 @@ int main(int argc, char** argv) {
       overwrite_out_dir = true;
     } else if (a == "--print-config") {
       print_config = true;
+    } else if (a == "--nproc-per-node" || a.rfind("--nproc-per-node=", 0) == 0) {
+      std::fprintf(stderr, "kestrel-train: --nproc-per-node is not built yet; start one process per GPU with "
+                           "torchrun --nproc-per-node N $(which kestrel-train) ... or srun\n");
+      return 2;
     } else if (a == "--eval-only") {
       eval_only = true;
     } else {
@@ -152,6 +159,14 @@ int main(int argc, char** argv) {
       const bool on_cuda = train::RunConfig::resolve_device(cfg).is_cuda();
       for (const std::string& o : train::apply_device_overrides(cfg, on_cuda, sets))
         if (!print_config) std::printf("%s: %s\n", on_cuda ? "on_cuda" : "on_cpu", o.c_str());
+    }
+    {
+      // A multi-process launch (torchrun / Slurm variables, read once here): one GPU per process,
+      // cuda:LOCAL_RANK where the config leaves the device to "auto" or says "cuda".
+      const LaunchEnv launch = launch_env_from_process();
+      const std::string d = cfg["device"];
+      if (launch.world_size > 1 && (d == "auto" || d == "cuda"))
+        cfg["device"] = "cuda:" + std::to_string(launch.local_rank);
     }
     if (print_config) {
       std::printf("%s\n", cfg.dump(2).c_str());
