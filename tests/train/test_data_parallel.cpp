@@ -2,7 +2,7 @@
 // each with 1/N of every global micro-batch, end with the parameters of one rank with the whole
 // batch (within f32 rounding: the full batch's gradient sums rows in another order than the mean of
 // the ranks' means), through several optimizer steps with accumulation and small buckets; only
-// rank 0 writes out_dir; the data shard is a pure function of (position, rank, world); refusals;
+// rank 0 writes out_dir; a resume onto another number of ranks continues the run; the data shard is a pure function of (position, rank, world); refusals;
 // and a rank that dies makes every other rank fail within the timeout instead of hanging.
 #include <gtest/gtest.h>
 
@@ -148,6 +148,42 @@ TEST(DataParallel, OnlyRankZeroWritesTheOutputFolder) {
   for (const auto& e : errors) ASSERT_EQ(e, "");
   EXPECT_EQ(metric_losses(dir + "/out").size(), 4u);  // one line per step, not one per rank
   EXPECT_TRUE(std::filesystem::exists(dir + "/out/checkpoints/step_00000004/manifest.json"));
+}
+
+TEST(DataParallel, ResumingOntoAnotherNumberOfRanksContinuesTheSameRun) {
+  // 2 ranks train to step 2 (checkpoint), then 4 ranks and 1 rank each resume from it to step 4:
+  // the data position is counted in global micro-batches, so all continue the one-rank run.
+  const std::string dir = fresh_temp_dir("kestrel_dp", "reshard");
+  nlohmann::json cfg = dp_run(dir + "/one", 4, 1);
+  cfg["checkpoint_every"] = 2;
+  {
+    Trainer one(cfg);
+    one.set_log_callback([](const std::string&) {});
+    one.run();
+  }
+  const auto want = final_parameters(dir + "/one/out");
+  nlohmann::json two = cfg;
+  two["out_dir"] = dir + "/two";
+  for (const auto& e : run_group(two, 2, std::chrono::seconds(60))) ASSERT_EQ(e, "");
+  const std::string step2 = dir + "/two/checkpoints/step_00000002";
+  ASSERT_TRUE(std::filesystem::exists(step2 + "/manifest.json"));
+  nlohmann::json four = cfg;
+  four["out_dir"] = dir + "/four";
+  const auto errors = run_group(four, 4, std::chrono::seconds(60), [&](int, Trainer& t) {
+    t.resume(step2);
+    t.run();
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  expect_same_parameters(final_parameters(dir + "/four"), want, 2e-5);
+  nlohmann::json single = cfg;
+  single["out_dir"] = dir + "/single";
+  {
+    Trainer t(single);
+    t.set_log_callback([](const std::string&) {});
+    t.resume(step2);
+    t.run();
+  }
+  expect_same_parameters(final_parameters(dir + "/single"), want, 2e-5);
 }
 
 TEST(DataParallel, TheShardIsAPureFunctionOfPositionRankAndWorld) {

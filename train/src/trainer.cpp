@@ -418,7 +418,9 @@ void trim_metrics(const std::string& path, int64_t step) {
 void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options) {
   if (checkpoint.empty()) return;
   Impl& I = *impl_;
-  for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
+  // Data parallelism: rank 0 alone changes out_dir, the others read it between barriers.
+  if (I.writer()) for (const std::string& s : clean_checkpoint_leftovers(I.out_dir)) I.log("checkpoints: " + s);
+  if (I.grad_reduce) I.comm->barrier();
   std::string dir = checkpoint;
   std::vector<SkippedCheckpoint> skipped;
   if (checkpoint == "latest") {
@@ -449,7 +451,9 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
   I.data_position = static_cast<uint64_t>(st.data_position);
   I.resumed = true;
   I.last_checkpoint = dir;
-  trim_metrics(I.out_dir + "/metrics.jsonl", st.step);
+  if (I.grad_reduce) I.comm->barrier();  // every rank has read the checkpoint
+  if (!I.writer()) skipped.clear();
+  if (I.writer()) trim_metrics(I.out_dir + "/metrics.jsonl", st.step);
   // Damaged checkpoints newer than the one resumed from are set aside (kept for inspection): the
   // run writes those steps again, and pruning and `latest` must not count them.
   for (const SkippedCheckpoint& s : skipped) {
