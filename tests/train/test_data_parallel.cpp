@@ -214,6 +214,11 @@ TEST(DataParallel, RefusesWhatIsNotBuilt) {
   sib["optimizer"]["step_in_backward"] = true;
   sib["train"]["grad_clip"] = 0;
   expect_has(first_error(sib, 2), {"step_in_backward", "not built"});
+  nlohmann::json set = cfg;  // the keys take what a user types
+  apply_override(set, "distributed.bucket_mib=0.5");
+  apply_override(set, "distributed.timeout_s=2.5");
+  EXPECT_EQ(set["distributed"]["bucket_mib"].get<double>(), 0.5);
+  expect_has(error_of([&] { apply_override(set, "distributed.zero=0.5"); }), {"distributed.zero"});
   nlohmann::json backend = cfg;
   backend["distributed"]["backend"] = "mpi";
   expect_has(error_of([&] { Trainer t(backend); }), {"distributed.backend", "'mpi'"});

@@ -59,7 +59,7 @@ json default_train_config() {
         {"staging_slots", 4}}},
       // Data parallelism (train/src/data_parallel.h): the launcher's world size comes from the
       // environment (torchrun / Slurm conventions, rendezvous.h), not from here.
-      {"distributed", {{"backend", "auto"}, {"bucket_mib", 25}, {"timeout_s", 300}, {"zero", 0}}},
+      {"distributed", {{"backend", "auto"}, {"bucket_mib", 25.0}, {"timeout_s", 300.0}, {"zero", 0}}},
       {"device", "auto"},
       {"precision", "auto"},
       {"recompute", "none"},
