@@ -237,8 +237,8 @@ std::vector<uint8_t> tcp_rendezvous_broadcast(const std::string& addr, int port,
                                               const std::vector<uint8_t>& payload, std::chrono::milliseconds timeout) {
   KESTREL_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "rendezvous", "rank ", rank,
                 " is not a rank of a group of ", world_size);
+  if (world_size == 1) return payload;  // nobody to meet: no address or port needed
   KESTREL_CHECK(port >= 1 && port <= 65535, "rendezvous", "port ", port, " is not in [1, 65535]");
-  if (world_size == 1) return payload;
   const auto deadline = Clock::now() + timeout;
   const double secs = std::chrono::duration<double>(timeout).count();
   if (rank == 0) return serve(port, world_size, payload, deadline, secs);

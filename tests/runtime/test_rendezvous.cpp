@@ -135,6 +135,8 @@ TEST(TcpRendezvous, AMissingRankOrAbsentRankZeroIsAnErrorWithinTheTimeout) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.0);
   expect_has(e0, {"[rendezvous] rank 0", "timed out", "rank(s) 2 of 3"});
   expect_has(e1, {"[rendezvous] rank 1"});
+  // A world of one needs no address or port (a single process without MASTER_PORT).
+  EXPECT_EQ(tcp_rendezvous_broadcast("", 0, 0, 1, {7, 8}, std::chrono::milliseconds(1)), (std::vector<uint8_t>{7, 8}));
   // Nobody listening at all.
   const int lonely = free_port();
   expect_has(error_of([&] { tcp_rendezvous_broadcast("127.0.0.1", lonely, 1, 2, {}, std::chrono::milliseconds(200)); }),

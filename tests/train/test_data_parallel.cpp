@@ -219,6 +219,9 @@ TEST(DataParallel, RefusesWhatIsNotBuilt) {
   apply_override(set, "distributed.timeout_s=2.5");
   EXPECT_EQ(set["distributed"]["bucket_mib"].get<double>(), 0.5);
   expect_has(error_of([&] { apply_override(set, "distributed.zero=0.5"); }), {"distributed.zero"});
+  nlohmann::json nccl_cpu = cfg;  // Trainer(config) connects from the launcher's variables
+  nccl_cpu["distributed"]["backend"] = "nccl";
+  expect_has(error_of([&] { Trainer t(nccl_cpu); }), {"NCCL", "the device is cpu"});
   nlohmann::json backend = cfg;
   backend["distributed"]["backend"] = "mpi";
   expect_has(error_of([&] { Trainer t(backend); }), {"distributed.backend", "'mpi'"});

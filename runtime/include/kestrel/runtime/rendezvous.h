@@ -35,7 +35,8 @@ LaunchEnv launch_env_from_process();
 
 // Rank 0 sends `payload` to every other rank of `world_size` through a TCP rendezvous at
 // addr:port and returns it; the other ranks pass an empty payload and return what rank 0 sent.
-// Throws "[rendezvous] ..." when a peer does not come, or nothing arrives, within `timeout`.
+// Throws "[rendezvous] ..." when a peer does not come, or nothing arrives, within `timeout`. A
+// world of one returns `payload` without touching the network (addr and port unused).
 std::vector<uint8_t> tcp_rendezvous_broadcast(const std::string& addr, int port, int rank, int world_size,
                                               const std::vector<uint8_t>& payload, std::chrono::milliseconds timeout);
 
