@@ -1,6 +1,6 @@
 // The NCCL communicator (built only where nccl.h and libnccl are found; communicator.h). Policy:
-// - one dedicated communication stream per communicator (non-blocking, so it never serialises with
-//   the legacy default stream). Each collective first makes the comm stream wait, by event, for
+// - one dedicated communication stream per device (non-blocking, so it never serialises with
+//   the legacy default stream; kept for the process's life, see comm_stream). Each collective first makes the comm stream wait, by event, for
 //   the work queued so far on the caller's current stream (the compute stream, or whatever a
 //   StreamGuard set), runs there, and records a done-event; `wait()` makes the caller's current
 //   stream wait for that event, so compute and communication overlap until the results are needed;
@@ -22,6 +22,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <thread>
 
@@ -90,6 +92,21 @@ NcclApi load_nccl() {
   return a;  // the library stays open for the process's life
 }
 
+// The device's communication stream: created once and kept for the process's life, as the
+// context's own streams are, because blocks recorded on it (record_stream) may be freed, and their
+// segments released, after a communicator is gone. Communicators on one device share it.
+cudaStream_t comm_stream(int device) {
+  static std::mutex mu;
+  static std::map<int, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[device];
+  if (!s) {
+    cuda::DeviceGuard g(device);
+    KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
 // Throws (and retries on the next call) where libnccl cannot be loaded.
 const NcclApi& nccl() {
   static const NcclApi api = load_nccl();
@@ -119,7 +136,7 @@ class NcclCommunicator final : public Communicator {
     cuda::init(device);  // the allocator and the free-memory baseline exist before NCCL's memory does
     ncclUniqueId id;
     std::memcpy(&id, id_bytes.data(), sizeof id);
-    KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    stream_ = comm_stream(device);
     ready_ = std::make_unique<cuda::Event>();
     done_ = std::make_unique<cuda::Event>();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -157,7 +174,6 @@ class NcclCommunicator final : public Communicator {
         nccl().CommAbort(comm_);
       }
     }
-    if (stream_) KESTREL_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
   }
 
   int rank() const override { return rank_; }
@@ -289,7 +305,7 @@ class NcclCommunicator final : public Communicator {
   int rank_, world_, device_;
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // comm_stream(device_), not owned
   std::unique_ptr<cuda::Event> ready_, done_;  // created on the communicator's device
   Tensor scratch_;
   std::string abort_reason_;
