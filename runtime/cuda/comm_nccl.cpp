@@ -8,9 +8,9 @@
 //   freed on the compute stream while its collective is in flight is not reused before it lands;
 // - the communicator is created non-blocking (ncclConfig_t.blocking = 0) and its initialisation
 //   polled against the timeout; a rank that never joins aborts the communicator with an error.
-//   Collectives themselves are asynchronous: a dead peer is detected where the host waits on one
-//   (barrier(), and the destructor), which poll the comm stream and NCCL's async error against the
-//   timeout and abort the communicator instead of hanging;
+//   Collectives themselves are asynchronous: a dead peer is detected where the host waits on them
+//   (synchronize(), which the trainer calls once per step, barrier(), the destructor), which poll
+//   the comm stream and NCCL's async error against the timeout and abort instead of hanging;
 // - NCCL's own device memory (its buffers and channels) is measured when the communicator is built
 //   (cuda::refresh_external: the drop in free memory not reserved by our allocator) and so counts
 //   as External in the device's trace and against the memory budget;
@@ -216,31 +216,13 @@ class NcclCommunicator final : public Communicator {
     end("broadcast");
   }
 
-  // A one-element all-reduce, then a bounded host wait for the comm stream: the point where a dead
-  // peer becomes an error.
+  // A one-element all-reduce, then a bounded host wait for the comm stream.
   void barrier() override {
     all_reduce(scratch_, ReduceOp::Sum);
-    const auto deadline = Clock::now() + timeout_;
-    for (;;) {
-      ncclResult_t async = ncclSuccess;
-      KESTREL_NCCL_CHECK(nccl().CommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress) {
-        nccl().CommAbort(comm_);
-        comm_ = nullptr;
-        throw make_error("comm", "barrier: NCCL failed: ", nccl().GetErrorString(async));
-      }
-      cudaError_t q = cudaEventQuery(done_->get());
-      if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) KESTREL_CUDA_CHECK(q);
-      if (Clock::now() >= deadline) {
-        nccl().CommAbort(comm_);
-        comm_ = nullptr;
-        throw make_error("comm", "barrier: timed out after ", std::chrono::duration<double>(timeout_).count(),
-                         " s (rank ", rank_, " of ", world_, "): a peer died or is stuck; the communicator is aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    wait_bounded("barrier");
   }
+
+  void synchronize() override { wait_bounded("synchronize"); }
 
   void wait() override {
     cuda::DeviceGuard g(device_);
@@ -290,6 +272,33 @@ class NcclCommunicator final : public Communicator {
                          " s (rank ", rank_, " of ", world_, "); the communicator is aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // The host waits for the comm stream's last collective, polling NCCL's async error, at most the
+  // timeout: the point where a dead peer becomes an error (the communicator is aborted).
+  void wait_bounded(const char* what) {
+    KESTREL_CHECK(comm_, "comm", what, ": the NCCL communicator was aborted",
+                  abort_reason_.empty() ? "" : ": ", abort_reason_);
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      ncclResult_t async = ncclSuccess;
+      KESTREL_NCCL_CHECK(nccl().CommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        nccl().CommAbort(comm_);
+        comm_ = nullptr;
+        throw make_error("comm", what, ": NCCL failed: ", nccl().GetErrorString(async));
+      }
+      cudaError_t q = cudaEventQuery(done_->get());
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) KESTREL_CUDA_CHECK(q);
+      if (Clock::now() >= deadline) {
+        nccl().CommAbort(comm_);
+        comm_ = nullptr;
+        throw make_error("comm", what, ": timed out after ", std::chrono::duration<double>(timeout_).count(),
+                         " s (rank ", rank_, " of ", world_, "): a peer died or is stuck; the communicator is aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 

@@ -279,6 +279,7 @@ struct Trainer::Impl {
       task->parameters().zero_grad();
       if (grad_stream) grad_stream->clear();
     }
+    if (grad_reduce) comm->synchronize();  // a dead peer: an error within the timeout, not a hang
     ++step;
     return {loss_sum, gnorm, tokens};
   }

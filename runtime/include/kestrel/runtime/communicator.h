@@ -8,7 +8,7 @@
 // - NCCL (make_nccl_communicator, only where the library was built with NCCL): collectives run on
 //   a dedicated communication stream that first waits (by event) for the work already queued on
 //   the caller's compute stream; `wait()` makes the compute stream wait for the collectives issued
-//   so far. The NCCL communicator's device memory is measured and charged to the device's External
+//   so far, and synchronize() bounds a host wait for them by the timeout. The NCCL communicator's device memory is measured and charged to the device's External
 //   bytes, so it counts against the memory budget.
 // Every rank must call the same collectives in the same order with tensors of the same dtype and
 // element count; the in-process backend checks that and names the difference. Errors are
@@ -50,6 +50,10 @@ class Communicator {
   // Orders the caller's compute stream after every collective issued so far (a no-op where the
   // collectives are synchronous, as in the in-process backend).
   virtual void wait() {}
+  // The host waits for the collectives issued so far, at most the timeout; past it the
+  // communicator is aborted and "[comm] ... timed out" thrown (a dead peer, not a hang). A no-op
+  // where collectives are synchronous.
+  virtual void synchronize() {}
   // Marks the group failed with `reason`: collectives waiting on other ranks (and later ones) throw
   // "[comm] ... aborted: rank R: reason" instead of waiting for the timeout.
   virtual void abort(const std::string& reason) = 0;
