@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
       print_config = true;
     } else if (a == "--nproc-per-node" || a.rfind("--nproc-per-node=", 0) == 0) {
       std::fprintf(stderr, "kestrel-train: --nproc-per-node is not built yet; start one process per GPU with "
-                           "torchrun --nproc-per-node N $(which kestrel-train) ... or srun\n");
+                           "torchrun --no-python --nproc-per-node N kestrel-train ... or srun\n");
       return 2;
     } else if (a == "--eval-only") {
       eval_only = true;
