@@ -64,7 +64,8 @@ std::map<std::string, std::vector<float>> final_parameters(const std::string& ou
 
 // Runs `world` trainers on threads with one in-process group; returns each rank's error ("" = none).
 std::vector<std::string> run_group(const nlohmann::json& cfg, int world, std::chrono::milliseconds timeout,
-                                   const std::function<void(int rank, Trainer&)>& body = {}) {
+                                   const std::function<void(int rank, Trainer&)>& body = {},
+                                   const std::function<nlohmann::json(int rank)>& cfg_of_rank = {}) {
   auto group = make_inprocess_group(world, CommOptions{timeout});
   std::vector<std::shared_ptr<Communicator>> comms;
   for (auto& c : group) comms.push_back(std::move(c));
@@ -73,7 +74,7 @@ std::vector<std::string> run_group(const nlohmann::json& cfg, int world, std::ch
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        Trainer t(cfg, comms[r]);
+        Trainer t(cfg_of_rank ? cfg_of_rank(r) : cfg, comms[r]);
         t.set_log_callback([](const std::string&) {});
         if (body)
           body(r, t);
@@ -126,6 +127,24 @@ TEST(DataParallel, RanksWithSlicesOfTheBatchMatchOneRankWithTheWholeBatch) {
       for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], want_losses[i], 1e-5 * want_losses[i]);
     }
   }
+}
+
+TEST(DataParallel, RanksStartFromRankZerosParameters) {
+  // Rank 1 initialises its model from another seed; the start-up broadcast makes it rank 0's.
+  const std::string dir = fresh_temp_dir("kestrel_dp", "bcast");
+  {
+    Trainer one(dp_run(dir + "/one", 4, 1));
+    one.set_log_callback([](const std::string&) {});
+    one.run();
+  }
+  const nlohmann::json cfg = dp_run(dir + "/two", 4, 1);
+  const auto errors = run_group(cfg, 2, std::chrono::seconds(60), {}, [&](int rank) {
+    nlohmann::json c = cfg;
+    if (rank == 1) c["train"]["seed"] = 99;
+    return c;
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  expect_same_parameters(final_parameters(dir + "/two/out"), final_parameters(dir + "/one/out"), 2e-5);
 }
 
 TEST(DataParallel, RunsAreBitIdenticalRunToRun) {

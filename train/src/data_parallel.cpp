@@ -72,6 +72,11 @@ CommOptions comm_options(const nlohmann::json& cfg) {
 }
 }  // namespace
 
+void broadcast_parameters(models::ParameterList& params, Communicator& comm) {
+  for (auto& [name, p] : params.items()) comm.broadcast(*p, 0);
+  comm.wait();
+}
+
 std::shared_ptr<Communicator> connect_data_parallel(const nlohmann::json& cfg, Device device) {
   const std::string backend = cfg["distributed"]["backend"];
   KESTREL_CHECK(backend == "auto" || backend == "none" || backend == "nccl", "train",

@@ -64,6 +64,10 @@ class GradientAllReduce {
 
 namespace kestrel::train {
 
+// Every rank starts from rank 0's parameters (one broadcast per parameter, ordered with the compute
+// stream), so an initialisation that differs between ranks cannot split the replicas.
+void broadcast_parameters(models::ParameterList& params, Communicator& comm);
+
 // The communicator a run's config and launcher ask for, read once at start-up: the launcher's
 // variables (rendezvous.h) give the rank and world size; distributed.backend "auto" is none for one
 // process and NCCL (unique id sent by a TCP rendezvous at MASTER_ADDR:MASTER_PORT) for more,

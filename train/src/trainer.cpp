@@ -177,6 +177,7 @@ struct Trainer::Impl {
     if (!comm) comm = connect_data_parallel(cfg, device);
     shard = check_data_parallel(cfg, comm.get(), batch_size, step_in_backward, grad_stream != nullptr);
     if (comm) {  // world size > 1, or NCCL asked for by name (the same path at world size 1)
+      broadcast_parameters(task->parameters(), *comm);
       grad_reduce = std::make_unique<GradientAllReduce>(
           task->parameters(), *comm, static_cast<int64_t>(cfg["distributed"]["bucket_mib"].get<double>() * (1 << 20)));
       log("data parallel: rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world) + " (" +
