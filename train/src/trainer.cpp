@@ -153,6 +153,12 @@ struct Trainer::Impl {
     // The optimizer's settings, checked against train.* (step_in_backward rules out accumulation,
     // clipping and "skip"): one parser shared with the planner.
     const OptimizerPlacement placement = optimizer_placement_from_config(cfg, device);
+    // distributed.*: the communicator, this rank's data shard, and rank 0's parameters on every rank
+    // before the optimizer copies them (its f32 master).
+    if (!comm) comm = connect_data_parallel(cfg, device);
+    shard = check_data_parallel(cfg, comm.get(), batch_size, placement.step_in_backward,
+                                cfg["optimizer"]["gradients"] == "host");
+    if (comm) broadcast_parameters(task->parameters(), *comm);
     optim = std::make_unique<AdamW>(task->parameters(), ao, placement);
     step_in_backward = placement.step_in_backward;
     // optimizer.gradients "host": each gradient leaves the device as backward completes it.
@@ -173,11 +179,8 @@ struct Trainer::Impl {
       log("optimizer.gradients=host: " + format_bytes(grad_stream->host_bytes()) +
           " of pinned host memory receives each gradient as backward completes it");
     }
-    // distributed.*: this rank trains on rows [rank, rank + 1) / world of each global micro-batch.
-    if (!comm) comm = connect_data_parallel(cfg, device);
-    shard = check_data_parallel(cfg, comm.get(), batch_size, step_in_backward, grad_stream != nullptr);
+    // This rank trains on rows [rank, rank + 1) / world of each global micro-batch.
     if (comm) {  // world size > 1, or NCCL asked for by name (the same path at world size 1)
-      broadcast_parameters(task->parameters(), *comm);
       grad_reduce = std::make_unique<GradientAllReduce>(
           task->parameters(), *comm, static_cast<int64_t>(cfg["distributed"]["bucket_mib"].get<double>() * (1 << 20)));
       log("data parallel: rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world) + " (" +
