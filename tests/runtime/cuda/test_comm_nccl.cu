@@ -23,9 +23,19 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
+// Progress on stderr, flushed: a crash inside NCCL still shows how far the test got.
+void progress(const char* what) {
+  std::fprintf(stderr, "[nccl test] %s\n", what);
+  std::fflush(stderr);
+}
+
 std::unique_ptr<Communicator> world_of_one() {
+  progress("loading NCCL, unique id");
   std::vector<uint8_t> id = nccl_unique_id();
-  return make_nccl_communicator(id, 0, 1, 0, CommOptions{std::chrono::seconds(60)});
+  progress("creating the communicator");
+  auto comm = make_nccl_communicator(id, 0, 1, 0, CommOptions{std::chrono::seconds(60)});
+  progress("communicator ready");
+  return comm;
 }
 
 Tensor random_tensor(int64_t n, DType dt, std::mt19937& rng) {
@@ -51,6 +61,7 @@ TEST(NcclComm, WorldOfOneCollectivesAreTheIdentity) {
     for (int64_t n : {1, 1000, 65537}) {
       Tensor x = random_tensor(n, dt, rng);
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        progress(n == 1 && op == ReduceOp::Sum ? "first all_reduce" : "all_reduce");
         Tensor y = x.clone();
         comm->all_reduce(y, op);
         comm->wait();
@@ -68,9 +79,13 @@ TEST(NcclComm, WorldOfOneCollectivesAreTheIdentity) {
       EXPECT_TRUE(same_bytes(ag, x));
       EXPECT_TRUE(same_bytes(b, x));
     }
+  progress("barrier");
   comm->barrier();
   Tensor host = Tensor::zeros({4});
   EXPECT_THROW(comm->all_reduce(host, ReduceOp::Sum), Error);  // a CPU tensor is refused by name
+  progress("destroying the communicator");
+  comm.reset();
+  progress("destroyed");
 }
 
 __global__ void spin_then_fill(float* p, int64_t n, long long cycles, float value) {
