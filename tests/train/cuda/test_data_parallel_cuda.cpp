@@ -1,14 +1,18 @@
 // Data parallelism through NCCL at world size 1 on one GPU: distributed.backend "nccl" takes the
-// same path as a multi-GPU run (grad-ready hooks, buckets flattened and all-reduced on the comm
-// stream, wait, copied back; the loss all-reduced) and must give the plain run's parameters bit for
-// bit (the mean over one rank is the identity).
+// same path as a multi-GPU run (parameters broadcast, grad-ready hooks, buckets flattened and
+// all-reduced on the comm stream, wait, copied back; the loss all-reduced; a bounded host wait per
+// step) and must give the plain run's parameters bit for bit (the mean over one rank is the
+// identity) wherever two plain runs are bitwise equal.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "kestrel/models/safetensors.h"
 #include "kestrel/runtime/communicator.h"
+#include "kestrel/runtime/dtype.h"
 #include "support/gpu.h"
 #include "../trainer_fixtures.h"
 
@@ -22,17 +26,47 @@ std::string last_checkpoint(const std::string& out_dir) {
   return last;
 }
 
-TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRunBitwise) {
+// The largest difference between two checkpoints' parameters (bf16 or f32), and whether every
+// tensor is bit for bit equal.
+std::pair<double, bool> compare_checkpoints(const std::string& a_dir, const std::string& b_dir) {
+  auto a = models::SafetensorsReader::open(a_dir + "/model.safetensors");
+  auto b = models::SafetensorsReader::open(b_dir + "/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());
+  double worst = 0;
+  bool same = true;
+  for (const std::string& n : a.names()) {
+    const auto& ea = a.get(n);
+    const auto& eb = b.get(n);
+    EXPECT_EQ(ea.bytes.size(), eb.bytes.size()) << n;
+    if (ea.bytes.size() != eb.bytes.size()) return {1e30, false};
+    same = same && std::memcmp(ea.bytes.data(), eb.bytes.data(), ea.bytes.size()) == 0;
+    for (int64_t i = 0; i < ea.numel(); ++i) {
+      auto value = [&](const models::SafetensorsEntry& e) -> double {
+        if (e.dtype == DType::BF16) {
+          uint16_t h;
+          std::memcpy(&h, e.bytes.data() + 2 * i, 2);
+          return bf16_bits_to_float(h);
+        }
+        float f;
+        std::memcpy(&f, e.bytes.data() + 4 * i, 4);
+        return f;
+      };
+      worst = std::max(worst, std::fabs(value(ea) - value(eb)));
+    }
+  }
+  return {worst, same};
+}
+
+TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRun) {
   KESTREL_REQUIRE_GPU();
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+  if (!nccl_available()) GTEST_SKIP() << "libnccl.so.2 not loadable here";
   const std::string dir = testing::fresh_temp_dir("kestrel_dp_cuda", "nccl1");
   nlohmann::json text = {{"model_type", "llama"}, {"vocab_size", 67}, {"hidden_size", 64}, {"intermediate_size", 96},
                          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                          {"tie_word_embeddings", false}};
-  std::vector<std::string> outs;
   std::vector<std::string> logs;
-  for (const char* backend : {"none", "nccl"}) {
-    nlohmann::json cfg = testing::tiny_decoder_run(dir + "/" + backend, text, 256, 1, 48, 4, "cuda:0");
+  auto run = [&](const std::string& name, const char* backend) {
+    nlohmann::json cfg = testing::tiny_decoder_run(dir + "/" + name, text, 256, 1, 48, 4, "cuda:0");
     cfg["train"]["steps"] = 3;
     cfg["checkpoint_every"] = 3;
     cfg["distributed"]["backend"] = backend;
@@ -40,21 +74,24 @@ TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRunBitwise) {
     Trainer t(cfg);
     t.set_log_callback([&](const std::string& s) { logs.push_back(s); });
     t.run();
-    outs.push_back(last_checkpoint(dir + "/" + backend + "/out"));
-  }
+    return last_checkpoint(dir + "/" + name + "/out");
+  };
+  const std::string plain = run("plain", "none"), again = run("again", "none"), nccl = run("nccl", "nccl");
   bool said = false;
   for (const auto& l : logs) said |= l.find("data parallel: rank 0 of 1 (nccl)") != std::string::npos;
   EXPECT_TRUE(said) << "the nccl run did not take the data-parallel path";
-  auto a = models::SafetensorsReader::open(outs[0] + "/model.safetensors");
-  auto b = models::SafetensorsReader::open(outs[1] + "/model.safetensors");
-  ASSERT_EQ(a.names(), b.names());
-  for (const std::string& n : a.names()) {
-    const auto& ea = a.get(n);
-    const auto& eb = b.get(n);
-    ASSERT_EQ(ea.bytes.size(), eb.bytes.size()) << n;
-    EXPECT_EQ(std::memcmp(ea.bytes.data(), eb.bytes.data(), ea.bytes.size()), 0) << n;
+  // The embedding's backward adds with atomics on CUDA, so two plain runs may already differ in the
+  // last bits: the NCCL run must be bitwise equal when they are not, else within their spread.
+  const auto [spread, reproducible] = compare_checkpoints(plain, again);
+  const auto [diff, same] = compare_checkpoints(plain, nccl);
+  std::printf("plain vs plain: %s (largest difference %.3g); plain vs nccl: %s (largest difference %.3g)\n",
+              reproducible ? "bitwise equal" : "differ", spread, same ? "bitwise equal" : "differ", diff);
+  if (reproducible) {
+    EXPECT_TRUE(same) << "NCCL at world size 1 changed the parameters (largest difference " << diff << ")";
+    EXPECT_EQ(testing::metric_losses(dir + "/plain/out"), testing::metric_losses(dir + "/nccl/out"));
+  } else {
+    EXPECT_LE(diff, 4 * spread + 1e-6);
   }
-  EXPECT_EQ(testing::metric_losses(dir + "/none/out"), testing::metric_losses(dir + "/nccl/out"));
 }
 
 }  // namespace
