@@ -137,7 +137,17 @@ struct Trainer::Impl {
     task = make_task(cfg, dtype, device);
     if (models::Decoder* dec = task->decoder()) {
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
-      const int64_t tile = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg) : run.mlp_tile_tokens;
+      int64_t tile = run.mlp_tile_tokens;
+      if (run.mlp_tile_auto) {
+        try {
+          tile = choose_mlp_tile_tokens(cfg);
+        } catch (const Error& e) {
+          // The planner cannot model this run: keep the untiled MLP, and say so.
+          tile = 0;
+          log(std::string("mlp_tile_tokens auto: no plan for this run (") + e.what() +
+              "); the MLP runs untiled (set mlp_tile_tokens to a token count to tile it)");
+        }
+      }
       dec->set_mlp_tile_tokens(tile);
       if (tile > 0)
         log("mlp_tile_tokens " + std::to_string(tile) + (run.mlp_tile_auto ? " (auto: the untiled MLP does not fit " +
