@@ -41,14 +41,14 @@ std::vector<Tensor> run_reference(const OpCase& c, const OpInputs& inputs) {
 }
 
 ::testing::AssertionResult compare(const std::vector<Tensor>& got, const std::vector<Tensor>& want, double tol,
-                                   const std::string& what) {
+                                   const std::string& what, double rms_floor = 0) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << what << ": " << got.size() << " outputs, reference has " << want.size();
   for (size_t k = 0; k < got.size(); ++k) {
     if (got[k].shape() != want[k].shape())
       return ::testing::AssertionFailure() << what << ": output " << k << " is " << got[k].str() << ", reference "
                                            << want[k].str();
-    double err = rel_l2(got[k], want[k]);
+    double err = rms_floor > 0 ? rel_l2_floored(got[k], want[k], rms_floor) : rel_l2(got[k], want[k]);
     if (!(err <= tol))
       return ::testing::AssertionFailure() << what << ": output " << k << " " << got[k].str() << " rel_l2 " << err
                                            << " > " << tol;
@@ -70,7 +70,7 @@ std::vector<Tensor> run_reference(const OpCase& c, const OpInputs& inputs) {
       return ::testing::AssertionFailure() << c.id() << ": output " << t.str() << " not in input dtype " << dtype_name(dtype);
   std::ostringstream what;
   what << c.id() << " [" << dtype_name(dtype) << "]";
-  return compare(got, run_reference(c, inputs), c.tol.for_dtype(dtype), what.str());
+  return compare(got, run_reference(c, inputs), c.tol.for_dtype(dtype), what.str(), c.rms_floor);
 }
 
 ::testing::AssertionResult check_backward(const OpCase& c) {
@@ -94,7 +94,8 @@ std::vector<Tensor> run_reference(const OpCase& c, const OpInputs& inputs) {
   autograd::NoGradGuard ng;
   std::vector<Tensor> got = c.op(dev_in), want = c.op(cpu_in);
   // Both sides round to `dtype`; allow twice the dtype's tolerance.
-  return compare(got, want, 2 * c.tol.for_dtype(dtype), c.id() + " [" + std::string(dtype_name(dtype)) + ", device vs cpu]");
+  return compare(got, want, 2 * c.tol.for_dtype(dtype), c.id() + " [" + std::string(dtype_name(dtype)) + ", device vs cpu]",
+                 c.rms_floor);
 }
 
 // Not Tensor::to_double_vector: that goes through float and would round f64 references.

@@ -38,6 +38,9 @@ struct OpCase {
   // itself in f64 on the CPU (for ops whose f64 path is already checked elsewhere).
   OpFn reference;
   OpTolerance tol;
+  // Outputs whose values can cancel (a difference of terms of this size) are judged against a
+  // reference RMS of at least this much (rel_l2_floored); 0 = plain relative L2.
+  double rms_floor = 0;
   std::vector<DType> dtypes = {DType::F64, DType::F32, DType::BF16};  // forward checks
   bool gradcheck = false;  // finite differences in f64 (keep the inputs small: 2 evaluations per element)
   GradcheckOptions grad_opts;
