@@ -1,15 +1,19 @@
-// The one place Kestrel reads its KESTREL_* tunables from the environment (memory_config.h lists
-// them): parsed once, at first use, into the defaults that configure_memory, the trainer's config
-// keys and the CPU pool start from. Nothing else calls getenv for a setting, so no hot path does.
+// The one place Kestrel reads the environment: its KESTREL_* tunables (memory_config.h lists them),
+// parsed once, at first use, into the defaults that configure_memory, the trainer's config keys and
+// the CPU pool start from; and the launcher's conventions (torchrun / Slurm: rendezvous.h), read at
+// start-up. Nothing else calls getenv, so no hot path does.
 // A malformed value is an error naming the variable ("KESTREL_PINNED_LIMIT: ..."), never ignored.
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/parse_number.h"
+#include "kestrel/runtime/rendezvous.h"
 
 namespace kestrel {
 
@@ -43,6 +47,14 @@ const MemoryConfig& default_memory_config() {
 int default_cpu_threads() {
   static const int n = cpu_threads_from_environment([](const char* name) { return std::getenv(name); });
   return n;
+}
+
+LaunchEnv launch_env_from_process() {
+  std::map<std::string, std::string> vars;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+                           "SLURM_NTASKS", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) vars[name] = v;
+  return parse_launch_env(vars);
 }
 
 }  // namespace kestrel

@@ -68,14 +68,6 @@ LaunchEnv parse_launch_env(const std::map<std::string, std::string>& vars) {
   return env;
 }
 
-LaunchEnv launch_env_from_process() {
-  std::map<std::string, std::string> vars;
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-                           "SLURM_NTASKS", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(name)) vars[name] = v;
-  return parse_launch_env(vars);
-}
-
 namespace {
 
 struct Socket {

@@ -30,7 +30,8 @@ struct LaunchEnv {
 // Parses the launcher's variables from `vars` (name -> value); throws "[launch] ..." naming the
 // variable on a missing, malformed or inconsistent value.
 LaunchEnv parse_launch_env(const std::map<std::string, std::string>& vars);
-// The same over the process environment (read here, once; call it at start-up only).
+// The same over the process environment (read in runtime/src/environment.cpp, the one place that
+// reads it; call it at start-up only).
 LaunchEnv launch_env_from_process();
 
 // Rank 0 sends `payload` to every other rank of `world_size` through a TCP rendezvous at
