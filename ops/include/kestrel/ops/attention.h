@@ -24,6 +24,9 @@ struct AttentionOptions {
   // Left sliding window in tokens (see above); <= 0 = none. A window with causal = false is refused
   // (transformers' bidirectional sliding window has a different, symmetric rule; not implemented).
   int64_t window = 0;
+  // Bit-reproducible backward: dQ summed in a fixed order instead of by atomics (the CUDA kernels;
+  // the CPU reference is deterministic either way). Models set it from their deterministic setting.
+  bool deterministic = false;
 };
 
 struct AttentionOutput {
