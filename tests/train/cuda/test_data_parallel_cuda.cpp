@@ -71,7 +71,10 @@ TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRun) {
     cfg["checkpoint_every"] = 3;
     cfg["distributed"]["backend"] = backend;
     cfg["distributed"]["bucket_mib"] = 0.02;  // several buckets in flight per backward
+    // The constructor reports the data-parallel set-up before a callback can be installed: capture it.
+    ::testing::internal::CaptureStdout();
     Trainer t(cfg);
+    logs.push_back(::testing::internal::GetCapturedStdout());
     t.set_log_callback([&](const std::string& s) { logs.push_back(s); });
     t.run();
     return last_checkpoint(dir + "/" + name + "/out");
