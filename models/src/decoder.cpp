@@ -72,7 +72,7 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
 
 Tensor Decoder::embed(const Tensor& ids) const {
   MemoryLabelScope label("decoder.embed");
-  return embedding(embed_tokens_, ids);
+  return embedding(embed_tokens_, ids, deterministic_);
 }
 
 Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& batch, KvCache* cache) const {
@@ -95,6 +95,7 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     AttentionOptions opts;
     opts.causal = true;
     opts.window = config_.attention_window(index);  // 0 = full causal; sliding layers (mistral, qwen2/3)
+    opts.deterministic = deterministic_;
     Tensor a;  // [T, Hq, D]
     if (!cache) {
       a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);

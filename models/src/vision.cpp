@@ -75,6 +75,7 @@ Tensor VisionTower::block_forward(int index, const Tensor& x, const Tensor& cu_s
     Tensor v = reshape(linear(y, B.v_w, B.v_b), {T, H, D});
     AttentionOptions opts;
     opts.causal = false;
+    opts.deterministic = deterministic_;
     Tensor a = attention(q, k, v, cu_seqlens, n, opts);
     h = add(x, linear(reshape(a, {T, E}), B.o_w, B.o_b));
   }

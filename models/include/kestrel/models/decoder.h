@@ -71,6 +71,13 @@ class Decoder {
   void set_mlp_tile_tokens(int64_t tokens);
   int64_t mlp_tile_tokens() const { return mlp_tile_tokens_; }
 
+  // Bit-reproducible training on the GPU: the embedding's backward scatter-add and attention's dQ
+  // sum in a fixed order instead of by atomics (kestrel/ops/embedding.h, AttentionOptions). Off by
+  // default (the atomics are faster); the CPU is deterministic either way. The trainer sets it from
+  // train.deterministic.
+  void set_deterministic(bool on) { deterministic_ = on; }
+  bool deterministic() const { return deterministic_; }
+
  private:
   TextConfig config_;
   DType dtype_;
@@ -83,6 +90,7 @@ class Decoder {
   Tensor lm_head_;  // [V, C] unless tied
   ParameterList params_;
   int64_t mlp_tile_tokens_ = 0;
+  bool deterministic_ = false;
 };
 
 }  // namespace kestrel::models

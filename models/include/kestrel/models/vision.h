@@ -29,6 +29,10 @@ class VisionTower {
   // pixel_values [B, C, H, W] (model dtype) -> [B * num_patches, E] (each image one document).
   Tensor forward(const Tensor& pixel_values, autograd::RecomputePolicy policy = autograd::RecomputePolicy::None) const;
 
+  // Attention's dQ summed in a fixed order (AttentionOptions::deterministic); see Decoder.
+  void set_deterministic(bool on) { deterministic_ = on; }
+  bool deterministic() const { return deterministic_; }
+
  private:
   Tensor block_forward(int index, const Tensor& x, const Tensor& cu_seqlens, int64_t n) const;
 
@@ -40,6 +44,7 @@ class VisionTower {
   std::vector<VisionBlock> blocks_;
   Tensor post_ln_w_, post_ln_b_;
   ParameterList params_;
+  bool deterministic_ = false;
 };
 
 }  // namespace kestrel::models

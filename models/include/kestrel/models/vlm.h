@@ -26,6 +26,11 @@ class Vlm {
   ParameterList& parameters() { return params_; }
   Decoder& decoder() { return decoder_; }
   VisionTower& vision() { return vision_; }
+  // Bit-reproducible backward in both towers (Decoder::set_deterministic, VisionTower's).
+  void set_deterministic(bool on) {
+    vision_.set_deterministic(on);
+    decoder_.set_deterministic(on);
+  }
 
   // Image embeddings in the text width: [B * tokens_per_image, C_text].
   Tensor image_embeddings(const Tensor& pixel_values, autograd::RecomputePolicy policy) const;
