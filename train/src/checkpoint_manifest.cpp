@@ -112,6 +112,9 @@ bool not_compared(const std::string& key) {
       "keep_checkpoints", "checkpoint_optimizer_state", "out_dir", "device", "recompute", "memory_budget",
       // The MLP's token tile: the same maths, its weight gradients summed in another order.
       "mlp_tile_tokens",
+      // Fixed-order instead of atomic sums: the same maths (a diverging run's checkpoint may be
+      // resumed deterministically to reproduce what follows).
+      "train.deterministic",
       "threads", "prefetch", "prefetch_threads", "on_cpu", "on_cuda", "model.init_from", "data.eval_offset",
       "data.eval_samples", "train.nonfinite",
       // Where the AdamW state lives: the update is bit-identical either way.

@@ -1,5 +1,5 @@
 // RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget /
-// memory.* strings into typed values (run_config.h states the rules).
+// memory.* / train.deterministic into typed values (run_config.h states the rules).
 #include "kestrel/train/run_config.h"
 
 #include <limits>
@@ -37,6 +37,9 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   KESTREL_CHECK(r.mlp_tile_auto ? tile == "auto" : tile.is_number_integer() && tile.get<int64_t>() >= 0, "train",
                 "mlp_tile_tokens must be \"auto\" or a token count >= 0 (0 = untiled), got ", tile.dump());
   r.mlp_tile_tokens = r.mlp_tile_auto ? 0 : tile.get<int64_t>();
+  const nlohmann::json det = cfg["train"].value("deterministic", nlohmann::json(false));
+  KESTREL_CHECK(det.is_boolean(), "train", "train.deterministic must be true or false, got ", det.dump());
+  r.deterministic = det.get<bool>();
   r.memory_budget = cfg["memory_budget"];
   if (!r.memory_budget.empty())
     r.memory_budget_bytes =

@@ -65,6 +65,7 @@ class VlmTask final : public Task {
   models::ParameterList& parameters() override { return model_->parameters(); }
   std::string name() const override { return "vlm"; }
   models::Decoder* decoder() override { return &model_->decoder(); }
+  void set_deterministic(bool on) override { model_->set_deterministic(on); }
 
   HostBatch prepare(uint64_t index, int64_t batch_size) const override {
     const uint64_t first = index * static_cast<uint64_t>(batch_size);

@@ -32,6 +32,10 @@ class Task {
   virtual std::string name() const = 0;
   // The language model's decoder (run settings such as its MLP tile); null when the task has none.
   virtual models::Decoder* decoder() { return nullptr; }
+  // train.deterministic: every model of the task sums its backward in a fixed order (no atomics).
+  virtual void set_deterministic(bool on) {
+    if (models::Decoder* d = decoder()) d->set_deterministic(on);
+  }
 };
 
 // Builds the task a resolved config names (model.type, data.type); errors name the key.

@@ -48,6 +48,8 @@ json default_train_config() {
         {"eps", 1e-8},
         {"grad_clip", 1.0},
         {"nonfinite", "stop"},
+        // Bit-reproducible GPU runs (run_config.h): fixed-order embedding and attention backward.
+        {"deterministic", false},
         {"seed", 1234}}},
       {"optimizer",
        {{"offload", "none"},

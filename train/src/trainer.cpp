@@ -135,6 +135,9 @@ struct Trainer::Impl {
     nonfinite_skip = nonfinite == "skip";
 
     task = make_task(cfg, dtype, device);
+    // train.deterministic: the models' backward sums in a fixed order (no atomics) on the GPU.
+    task->set_deterministic(run.deterministic);
+    if (run.deterministic && device.is_cuda()) log("train.deterministic: fixed-order embedding and attention backward");
     if (models::Decoder* dec = task->decoder()) {
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
       int64_t tile = run.mlp_tile_tokens;

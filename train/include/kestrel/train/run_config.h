@@ -1,5 +1,5 @@
-// The run's typed settings: device, precision, recompute policy and memory budget, read once from
-// a config that resolve_train_config checked (train_config.h). kestrel-train, kestrel-mem, the
+// The run's typed settings: device, precision, recompute policy, memory budget and determinism, read
+// once from a config that resolve_train_config checked (train_config.h). kestrel-train, kestrel-mem, the
 // Trainer and the memory planner all take them from here, so "auto" means one thing everywhere:
 //   device "auto"    -> cuda:0 when a CUDA device is available, else the CPU;
 //   precision "auto" -> bf16 on CUDA, f32 on the CPU (explicit: f32, bf16 or f16 and their aliases);
@@ -36,6 +36,11 @@ struct RunConfig {
   // needs it).
   bool mlp_tile_auto = true;
   int64_t mlp_tile_tokens = 0;
+  // "train.deterministic": a bit-reproducible run on the GPU (the models' set_deterministic: the
+  // embedding and attention backward sum in a fixed order instead of by atomics). Two runs of one
+  // config on one GPU model and build give bitwise-equal losses and parameters, and a resume
+  // equals the straight run; the CPU is deterministic either way.
+  bool deterministic = false;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }
