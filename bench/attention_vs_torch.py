@@ -7,8 +7,9 @@ repeats, inputs rotated over several sets so L2 does not hold them.
 
 With --kestrel-json FILE (Google Benchmark --benchmark_format=json output of bench_flash_attention)
 the Kestrel numbers are printed in the same table; --kestrel NAME=FILE (repeatable) adds one
-column per file, e.g. --kestrel mma=fwd_mma.json --kestrel wgmma=fwd_wgmma.json for an A/B of the
-forward kernels (KESTREL_FA_FWD).
+column per file, e.g. --kestrel before=fa_before.json --kestrel after=fa_after.json for an A/B of
+two builds. Only the BM_flash_attention/ rows are read (the window and deterministic benchmarks
+have their own arguments).
 """
 import argparse
 import json
@@ -75,6 +76,8 @@ def load_kestrel(path):
         data = json.load(f)
     for bm in data.get("benchmarks", []):
         name = bm["name"]  # BM_flash_attention/T:8192/D:128/causal:1/bwd:1/min_time:.../manual_time
+        if not name.startswith("BM_flash_attention/") or bm.get("run_type") == "aggregate":
+            continue
         kv = dict(part.split(":", 1) for part in name.split("/")[1:] if ":" in part)
         key = (int(kv["T"]), int(kv["D"]), bool(int(kv["causal"])), bool(int(kv["bwd"])))
         out[key] = bm.get("TFLOPs", 0.0) / 1e0

@@ -3,14 +3,15 @@
 // and forward+backward. FLOPs are counted as FlashAttention does: forward 4*T*T*D*H per document
 // (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
 // TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
-// KESTREL_FA_FWD and KESTREL_FA_BWD pick the kernels (the label names both).
+// The kernels are the library's choice (FlashAttentionParams::kernel = Auto); A/B runs compare builds.
+// BM_flash_attention_deterministic: the same fwd+bwd with FlashAttentionParams::deterministic (the
+// fixed-order dq sum), causal, D 64/128, T 4k-16k: its cost against BM_flash_attention's bwd:1 rows.
 // BM_flash_attention_window: causal with a sliding window W (16384 tokens as one document and as
 // 4k documents, W in {256..4096}); its FLOPs count only the visible area (W*T - W(W-1)/2 scores
 // per document), so a kernel that skips the tiles outside the window shows about the TFLOP/s of
 // full causal at the same T, and one that merely masked them would fall by T/W.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -18,7 +19,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
-#include "cuda/flash_attention.h"
+#include "cuda/flash_attention/flash_attention.h"
 #include "kestrel/cuda/check.h"
 
 namespace {
@@ -52,7 +53,8 @@ struct Buffers {
   size_t ws_bytes;
 };
 
-void bench_attention(benchmark::State& state, int T, int D, bool causal, int window, bool backward) {
+void bench_attention(benchmark::State& state, int T, int D, bool causal, int window, bool backward,
+                     bool deterministic = false) {
   const int docs = kTokens / T;
   const size_t n = static_cast<size_t>(kTokens) * kHeads * D;
   Buffers b{};
@@ -70,7 +72,8 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, kHeads, kHeads, D,
                          1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16, kTokens, kTokens};
   p.window = window;
-  b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, kTokens);
+  p.deterministic = deterministic;
+  b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
   FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
 
@@ -79,7 +82,7 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   KESTREL_CUDA_CHECK(cudaEventCreate(&stop));
   auto step = [&] {
     kestrel::cuda::flash_attention_forward(p, nullptr);
-    if (backward) kestrel::cuda::flash_attention_backward(bp, kTokens, nullptr);
+    if (backward) kestrel::cuda::flash_attention_backward(bp, nullptr);
   };
   for (int i = 0; i < 3; ++i) step();  // warm-up: module load, smem attribute
   KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -98,11 +101,8 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   const double fwd_flops = 4.0 * scores * D * kHeads * docs;
   const double flops = fwd_flops * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  const char* fwd_kind = std::getenv("KESTREL_FA_FWD");
-  const char* bwd_kind = std::getenv("KESTREL_FA_BWD");
   state.SetLabel(std::string(causal ? "causal" : "bidir") + (window > 0 ? " window=" + std::to_string(window) : "") +
-                 (backward ? " fwd+bwd" : " fwd") + " fwd-kernel=" +
-                 (fwd_kind ? fwd_kind : "default") + (backward ? std::string(" bwd-kernel=") + (bwd_kind ? bwd_kind : "default") : ""));
+                 (backward ? " fwd+bwd" : " fwd") + (deterministic ? " deterministic" : ""));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
@@ -118,6 +118,10 @@ void BM_flash_attention(benchmark::State& state) {
 void BM_flash_attention_window(benchmark::State& state) {
   bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), true,
                   static_cast<int>(state.range(2)), state.range(3) != 0);
+}
+
+void BM_flash_attention_deterministic(benchmark::State& state) {
+  bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), true, 0, true, true);
 }
 
 void args(benchmark::internal::Benchmark* bm) {
@@ -137,6 +141,13 @@ void window_args(benchmark::internal::Benchmark* bm) {
 }
 
 BENCHMARK(BM_flash_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+void deterministic_args(benchmark::internal::Benchmark* bm) {
+  for (int d : {64, 128})
+    for (int t : {4096, 8192, 16384}) bm->Args({t, d});
+  bm->ArgNames({"T", "D"});
+}
+
+BENCHMARK(BM_flash_attention_deterministic)->Apply(deterministic_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_window)->Apply(window_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 
 }  // namespace

@@ -1,8 +1,8 @@
 // CUDA attention slots (kernels/attention.h) over the flash-attention launchers in
-// cuda/flash_attention.h: bf16/f16 only (f32 attention on CUDA is an error naming the op), the
+// cuda/flash_attention/flash_attention.h: bf16/f16 only (f32 attention on CUDA is an error naming the op), the
 // backward workspace allocated with Tensor::empty under a Workspace tag.
 #include "cuda/common.cuh"
-#include "cuda/flash_attention.h"
+#include "cuda/flash_attention/flash_attention.h"
 #include "kernels/attention.h"
 #include "kestrel/runtime/memory.h"
 
@@ -35,6 +35,7 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
   f.dtype = q.dtype() == DType::BF16 ? cuda::AttnDType::BF16 : cuda::AttnDType::F16;
   f.total_q = static_cast<int>(q.shape()[0]);
   f.total_k = static_cast<int>(k.shape()[0]);
+  f.deterministic = p.deterministic;
   return f;
 }
 
@@ -53,8 +54,7 @@ void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& d
   b.dq = dq.data_ptr();
   b.dk = dk.data_ptr();
   b.dv = dv.data_ptr();
-  int total_q = static_cast<int>(q.shape()[0]);
-  size_t bytes = cuda::flash_attention_backward_workspace_bytes(b.fwd, total_q);
+  size_t bytes = cuda::flash_attention_backward_workspace_bytes(b.fwd);
   Tensor ws;
   {
     TagScope tag(MemoryTag::Workspace);
@@ -62,7 +62,7 @@ void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& d
   }
   b.workspace = ws.data_ptr();
   b.workspace_bytes = bytes;
-  cuda::flash_attention_backward(b, total_q, cuda::current_stream());
+  cuda::flash_attention_backward(b, cuda::current_stream());
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

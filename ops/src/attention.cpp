@@ -66,6 +66,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   p.causal = options.causal;
   // A window covering the longest key document is no window (and fits the kernels' int).
   p.window = options.window > 0 && options.window < max_seqlen_k ? options.window : 0;
+  p.deterministic = options.deterministic;
 
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();

@@ -160,13 +160,15 @@ FusedCrossEntropyBackwardLayout fused_cross_entropy_backward_layout(const FusedC
   return l;
 }
 
-AttentionBackwardLayout attention_backward_layout(int64_t total_q, int64_t heads_q, int64_t head_dim) {
+AttentionBackwardLayout attention_backward_layout(int64_t total_q, int64_t heads_q, int64_t head_dim,
+                                                  bool deterministic) {
   const size_t rows = static_cast<size_t>(total_q) * static_cast<size_t>(heads_q);
   AttentionBackwardLayout l;
   Carver c;
   l.dq_accum = c.take(rows * static_cast<size_t>(head_dim) * sizeof(float));  // [total_q, Hq, D] f32
   l.lse2 = c.take(rows * sizeof(float));                                     // [Hq, total_q]
   l.delta = c.take(rows * sizeof(float));                                    // [Hq, total_q]
+  if (deterministic) l.dq_order = c.take(rows * sizeof(int32_t));            // [Hq, total_q] i32
   l.total = c.off;
   return l;
 }

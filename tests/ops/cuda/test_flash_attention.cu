@@ -1,12 +1,13 @@
-// Tests of the flash attention kernels (ops/cuda/flash_attention.h) against two independent
+// Tests of the flash attention kernels (ops/cuda/flash_attention/) against two independent
 // references written here: a float64 CPU reference for small shapes, and a naive float32 GPU
 // reference (one warp per row, no tiling, no online softmax) for large shapes. Inputs are fresh
 // random bf16/f16 values; every output is NaN-poisoned before the kernel runs, so an unwritten
 // element or a NaN fails isfinite. Covers packed documents (length 1 included), len_q != len_k
 // with rows that see no key (out 0, lse -inf), GQA 1/4/8, causal and bidirectional, head dims
 // 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility. Forward and backward run
-// the Hopper wgmma kernels by default (head dims 64/128 and those padded to them);
-// ForwardKernelVariantsMatch / BackwardKernelVariantsMatch also run the other kernels.
+// the Hopper kernels by default (head dims 64/128 and those padded to them);
+// ForwardKernelVariantsMatch / BackwardKernelVariantsMatch also run the mma.sync kernels there
+// (FlashAttentionParams::kernel), and DeterministicBackward* the fixed-order dq sum.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,9 +19,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include "cuda/flash_attention.h"
-#include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
-#include "cuda/flash_attention_wgmma.cuh"
+#include "cuda/flash_attention/flash_attention.h"
+#include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
@@ -31,6 +31,7 @@ namespace {
 using kestrel::cuda::AttnDType;
 using kestrel::cuda::FlashAttentionBackwardParams;
 using kestrel::cuda::FlashAttentionParams;
+using kestrel::cuda::FlashKernel;
 
 struct Case {
   std::vector<int> len_q, len_k;  // per document
@@ -346,6 +347,20 @@ Reference gpu_reference(const Case& cs, const std::vector<float>& q, const std::
 }
 
 // ---- running the kernels ----
+// Kernel choice and backward options of every run_flash in scope (RunOptionsScope), so that a test
+// can run the same cases on another kernel.
+struct RunOptions {
+  FlashKernel kernel = FlashKernel::Auto;
+  bool deterministic = false;
+  int window = 0;
+};
+RunOptions g_run;
+struct RunOptionsScope {
+  RunOptions saved;
+  explicit RunOptionsScope(RunOptions o) : saved(g_run) { g_run = o; }
+  ~RunOptionsScope() { g_run = saved; }
+};
+
 struct Result {
   std::vector<uint16_t> out, dq, dk, dv;
   std::vector<float> lse;
@@ -388,12 +403,15 @@ Result run_flash(const Problem& pr) {
   out.poison(), dq.poison(), dk.poison(), dv.poison(), lse.poison();
   FlashAttentionParams p{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, dcq.ptr, dck.ptr, (int)cs.len_q.size(), mq, mk,
                          cs.hq, cs.hkv, cs.d, pr.scale, cs.causal, cs.dtype, Tq, cs.total_k()};
+  p.kernel = g_run.kernel;
+  p.deterministic = g_run.deterministic;
+  p.window = g_run.window;
   kestrel::cuda::flash_attention_forward(p, nullptr);
-  const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p, Tq);
+  const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> ws(ws_bytes);
   ws.poison();
   FlashAttentionBackwardParams bp{p, dout.ptr, dq.ptr, dk.ptr, dv.ptr, ws.ptr, ws_bytes};
-  kestrel::cuda::flash_attention_backward(bp, Tq, nullptr);
+  kestrel::cuda::flash_attention_backward(bp, nullptr);
   KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
   return Result{out.download(), dq.download(), dk.download(), dv.download(), lse.download()};
 }
@@ -478,32 +496,18 @@ TEST(FlashAttentionCuda, LargeShapesMatchNaiveGpu) {
   run_case(single(777, 2, 2, 256, true, BF), false, seed++);
 }
 
-// Restores an environment variable (KESTREL_FA_FWD / KESTREL_FA_BWD) on scope exit, so a
-// whole-suite run under a chosen kernel keeps it.
-struct KernelEnv {
-  const char* name;
-  std::string saved;
-  bool had;
-  explicit KernelEnv(const char* n) : name(n) {
-    const char* e = std::getenv(name);
-    had = e != nullptr;
-    if (had) saved = e;
-  }
-  ~KernelEnv() {
-    if (had) setenv(name, saved.c_str(), 1);
-    else unsetenv(name);
-  }
-};
+const char* kernel_name(FlashKernel k) {
+  return k == FlashKernel::Hopper ? "hopper" : k == FlashKernel::MmaSync ? "mma_sync" : "auto";
+}
 
-// Every backward kernel (KESTREL_FA_BWD: the mma.sync kernels v2 and tiled, the Hopper wgmma
-// kernel) against the references, whatever the default is.
+// Both kernel families (FlashAttentionParams::kernel: the Hopper kernels, the mma.sync kernels
+// zero-padded to head dim 256) against the references, whatever the default is.
 TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
-  KernelEnv restore("KESTREL_FA_BWD");
   uint32_t seed = 300;
-  for (const char* kind : {"v2", "tiled", "wgmma"}) {
-    ASSERT_EQ(0, setenv("KESTREL_FA_BWD", kind, 1));
-    std::printf("[flash] KESTREL_FA_BWD=%s\n", kind);
+  for (FlashKernel kind : {FlashKernel::MmaSync, FlashKernel::Hopper}) {
+    RunOptionsScope scope({kind});
+    std::printf("[flash] kernel=%s\n", kernel_name(kind));
     for (bool causal : {true, false}) {
       run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
       run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
@@ -519,9 +523,8 @@ TEST(FlashAttentionCuda, BackwardKernelVariantsMatch) {
 // bitwise reproducible across runs.
 TEST(FlashAttentionCuda, WgmmaBackwardShapes) {
   KESTREL_REQUIRE_GPU();
-  KernelEnv restore("KESTREL_FA_BWD");
+  RunOptionsScope scope({FlashKernel::Hopper});
   uint32_t seed = 400;
-  ASSERT_EQ(0, setenv("KESTREL_FA_BWD", "wgmma", 1));
   for (bool causal : {true, false}) {
     run_case(Case{{1, 17, 5, 64, 1, 33, 1}, {1, 17, 5, 64, 1, 33, 1}, 8, 1, 128, causal, BF}, true, seed++);
     run_case(Case{{1, 17, 130, 1, 257}, {1, 17, 130, 1, 257}, 8, 2, 64, causal, F16}, true, seed++);
@@ -554,15 +557,14 @@ TEST(FlashAttentionCuda, WgmmaForwardTileEdges) {
   }
 }
 
-// The non-default forwards (KESTREL_FA_FWD=mma, the cp.async-fed wgmma kernels, the 3-stage TMA one)
-// against the references, and all of them against each other on the same inputs.
+// The mma.sync kernels at the Hopper kernels' head dims (zero-padded to 256) against the references,
+// and the two forwards against each other on the same inputs.
 TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
   KESTREL_REQUIRE_GPU();
-  KernelEnv restore("KESTREL_FA_FWD");
   uint32_t seed = 600;
-  for (const char* kind : {"mma", "wgmma", "wgmma_s2", "tma", "tma_s2"}) {  // "tma_pp" is the default
-    ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
-    std::printf("[flash] KESTREL_FA_FWD=%s\n", kind);
+  {
+    RunOptionsScope scope({FlashKernel::MmaSync});
+    std::printf("[flash] kernel=mma_sync\n");
     for (bool causal : {true, false}) {
       run_case(Case{{3, 20, 1, 40}, {10, 7, 5, 25}, 4, 4, 64, causal, BF}, true, seed++);
       run_case(single(130, 4, 2, 128, causal, F16), true, seed++);
@@ -575,15 +577,18 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
   for (int d : {64, 128}) {
     for (AttnDType t : {BF, F16}) {
       const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, true, t}, seed++);
-      ASSERT_EQ(0, setenv("KESTREL_FA_FWD", "mma", 1));
-      const Result a = run_flash(pr);
-      for (const char* kind : {"wgmma", "wgmma_s2", "tma", "tma_s2", "tma_pp"}) {
-        ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
+      Result a;
+      {
+        RunOptionsScope scope({FlashKernel::MmaSync});
+        a = run_flash(pr);
+      }
+      for (FlashKernel kind : {FlashKernel::Hopper}) {
+        RunOptionsScope scope({kind});
         const Result b = run_flash(pr);
         const double e_out = rel_l2(to_float(b.out, t), to_float(a.out, t));
         double lse_diff = 0;
         for (size_t i = 0; i < a.lse.size(); ++i) lse_diff = std::max(lse_diff, (double)std::abs(a.lse[i] - b.lse[i]));
-        std::printf("[flash] %s vs mma D=%d %s: out rel %.2e, lse max abs diff %.2e\n", kind, d,
+        std::printf("[flash] %s vs mma_sync D=%d %s: out rel %.2e, lse max abs diff %.2e\n", kernel_name(kind), d,
                     t == BF ? "bf16" : "f16", e_out, lse_diff);
         EXPECT_EQ(count_nonfinite(to_float(b.out, t)), 0u);
         EXPECT_LE(e_out, t == BF ? 1e-2 : 2e-3);
@@ -599,10 +604,9 @@ TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
 // second document's V, for every forward kernel.
 TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
   KESTREL_REQUIRE_GPU();
-  KernelEnv restore("KESTREL_FA_FWD");
   uint32_t seed = 900;
-  for (const char* kind : {"mma", "wgmma", "tma", "tma_s2", "tma_pp"}) {
-    ASSERT_EQ(0, setenv("KESTREL_FA_FWD", kind, 1));
+  for (FlashKernel kind : {FlashKernel::MmaSync, FlashKernel::Hopper}) {
+    RunOptionsScope scope({kind});
     for (int d : {64, 128}) {
       for (bool causal : {true, false}) {
         const Case cs{{100, 77}, {100, 200}, 4, 2, d, causal, BF};
@@ -615,7 +619,7 @@ TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
         size_t diff = 0;
         for (size_t i = 0; i < n_out; ++i) diff += clean.out[i] != dirty.out[i];
         for (size_t i = 0; i < n_lse; ++i) diff += clean.lse[i] != dirty.lse[i];
-        EXPECT_EQ(diff, 0u) << kind << " D=" << d << (causal ? " causal" : " bidirectional");
+        EXPECT_EQ(diff, 0u) << kernel_name(kind) << " D=" << d << (causal ? " causal" : " bidirectional");
         EXPECT_EQ(count_nonfinite(to_float(std::vector<uint16_t>(clean.out.begin(), clean.out.begin() + n_out), BF)), 0u);
       }
     }
@@ -640,6 +644,72 @@ TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
   }
   std::printf("[flash] dq repeat: %zu of %zu elements differ (max 1 bf16 ulp expected)\n", differ, qa.size());
   EXPECT_EQ(beyond_ulp, 0u);
+}
+
+// FlashAttentionParams::deterministic: the backward adds the key blocks' dq partials in a fixed order,
+// so two runs give bitwise-equal dq (and dk, dv, out, lse as always). Shapes with many key blocks
+// per query tile (4097 keys = 33 blocks), packed documents of odd lengths, GQA (a block walks the
+// tiles of several heads), causal and bidirectional, head dims 64/128 and a padded one, and a sliding
+// window (the first key block of a tile is not block 0); then the values against the references.
+TEST(FlashAttentionCuda, DeterministicBackwardIsBitwiseReproducible) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 1000;
+  struct DetCase {
+    Case cs;
+    int window;
+  };
+  const std::vector<DetCase> cases = {
+      {Case{{4097}, {4097}, 4, 1, 128, true, BF}, 0},
+      {Case{{4097}, {4097}, 4, 2, 64, false, BF}, 0},
+      {Case{{1000, 1, 2049, 17}, {1000, 1, 2049, 17}, 8, 2, 128, true, F16}, 0},
+      {Case{{3, 200, 1, 1029}, {150, 7, 300, 1029}, 4, 4, 64, true, BF}, 0},  // len_q != len_k
+      {Case{{1500, 63, 700}, {1500, 63, 700}, 4, 2, 72, false, BF}, 0},
+      {Case{{3000, 129}, {3000, 129}, 4, 2, 128, true, BF}, 300},
+      {Case{{3000, 129}, {3000, 129}, 4, 1, 64, true, F16}, 129},
+  };
+  for (const DetCase& dc : cases) {
+    const Problem pr = make_problem(dc.cs, seed++);
+    Result free_order;
+    {
+      RunOptionsScope scope({FlashKernel::Auto, false, dc.window});
+      free_order = run_flash(pr);
+    }
+    RunOptionsScope scope({FlashKernel::Auto, true, dc.window});
+    const Result a = run_flash(pr), b = run_flash(pr);
+    size_t dq_diff = 0;
+    for (size_t i = 0; i < a.dq.size(); ++i) dq_diff += a.dq[i] != b.dq[i];
+    EXPECT_EQ(dq_diff, 0u) << dc.cs.name() << " window " << dc.window << ": dq not bitwise reproducible";
+    EXPECT_EQ(a.dk, b.dk);
+    EXPECT_EQ(a.dv, b.dv);
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(count_nonfinite(to_float(a.dq, dc.cs.dtype)), 0u);
+    // Same sum in another order: within f32 rounding of the free-order (atomic) result.
+    const double e = rel_l2(to_float(a.dq, dc.cs.dtype), to_float(free_order.dq, dc.cs.dtype));
+    std::printf("[flash] deterministic %-58s window %4d: dq differs in %zu elements between runs, rel vs atomic %.2e\n",
+                dc.cs.name().c_str(), dc.window, dq_diff, e);
+    EXPECT_LE(e, dc.cs.dtype == BF ? 4e-3 : 5e-4);
+    EXPECT_EQ(a.dk, free_order.dk);  // dk, dv do not depend on the dq order
+    EXPECT_EQ(a.dv, free_order.dv);
+  }
+  // Values against the float64 / naive references with the deterministic order (no window: the
+  // references here have none; the window cases are checked against the atomic-order result above).
+  RunOptionsScope scope({FlashKernel::Auto, true, 0});
+  run_case(Case{{1, 17, 5, 64, 1, 33, 1}, {1, 17, 5, 64, 1, 33, 1}, 8, 1, 128, true, BF}, true, seed++);
+  run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 4, 4, 64, false, F16}, true, seed++);
+  run_case(Case{{1000, 1, 4097, 17, 1}, {1000, 1, 4097, 17, 1}, 8, 2, 128, true, BF}, false, seed++);
+}
+
+// deterministic on the mma.sync backward (head dim > 128) is refused before anything runs.
+TEST(FlashAttentionCuda, DeterministicBackwardRefusedWhereNotImplemented) {
+  KESTREL_REQUIRE_GPU();
+  RunOptionsScope scope({FlashKernel::Auto, true, 0});
+  const Problem pr = make_problem(single(70, 2, 1, 256, true, BF), 77);
+  try {
+    run_flash(pr);
+    ADD_FAILURE() << "expected kestrel::Error";
+  } catch (const kestrel::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deterministic"), std::string::npos) << e.what();
+  }
 }
 
 // ---- wgmma primitives (flash_attention_wgmma.cuh) on one warpgroup, against a CPU GEMM ----
@@ -800,13 +870,19 @@ TEST(FlashAttentionCuda, InvalidParamsThrow) {
   p.q = p.k = p.v = p.out = dummy;
   p.lse = reinterpret_cast<float*>(dummy);
   p.cu_seqlens_q = p.cu_seqlens_k = dummy;
-  p.num_docs = 1, p.max_seqlen_q = p.max_seqlen_k = 4;
+  p.num_docs = 1, p.max_seqlen_q = p.max_seqlen_k = 4, p.total_q = p.total_k = 4;
   p.num_heads_q = 6, p.num_heads_kv = 4, p.head_dim = 64, p.softmax_scale = 0.125f;
   EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // 6 % 4 != 0
   p.num_heads_q = 8, p.head_dim = 12;
   EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // not a multiple of 8
   p.head_dim = 264;
   EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // > 256
+  p.head_dim = 64, p.total_q = p.total_k = 0;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // total_q/total_k missing
+  p.total_q = 4, p.total_k = 3;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // total_k < max_seqlen_k
+  p.total_k = 4, p.causal = false, p.window = 2;
+  EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // window needs causal
 }
 
 }  // namespace

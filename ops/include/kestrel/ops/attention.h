@@ -26,6 +26,8 @@ struct AttentionOptions {
   int64_t window = 0;
   // Bit-reproducible backward: dQ summed in a fixed order instead of by atomics (the CUDA kernels;
   // the CPU reference is deterministic either way). Models set it from their deterministic setting.
+  // CUDA: the Hopper backward (sm_90, head_dim <= 128) implements it, a few percent slower; the
+  // mma.sync path (head_dim > 128 or another GPU) refuses it with an error naming the limit.
   bool deterministic = false;
 };
 

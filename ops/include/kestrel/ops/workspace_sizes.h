@@ -7,7 +7,7 @@
 //   - the fused linear + cross-entropy forward: the chunk picker (token chunk, vocabulary chunk and
 //     cuBLASLt share under a byte bound) and its workspace layout (fused_linear_cross_entropy.cu);
 //   - its lse-based backward's layout (fused_linear_cross_entropy_backward.cu);
-//   - the flash attention backward's layout (flash_attention_bwd_launch.cu);
+//   - the flash attention backward's layout (ops/cuda/flash_attention/bwd_launch.cu);
 //   - the bound on the norm backward's partial rows (norm_backward.cu).
 // Byte counts are of the workspace itself; the allocator's rounding is the caller's business.
 #pragma once
@@ -74,11 +74,13 @@ struct FusedCrossEntropyBackwardLayout {
 };
 FusedCrossEntropyBackwardLayout fused_cross_entropy_backward_layout(const FusedCrossEntropyShape& s);
 
-// ---- flash attention backward: f32 dq accumulator [total_q, Hq, D], lse2 and delta [Hq, total_q] ----
+// ---- flash attention backward: f32 dq accumulator [total_q, Hq, D], lse2 and delta [Hq, total_q],
+// and with `deterministic` the i32 dq ordering counters [Hq, total_q] ----
 struct AttentionBackwardLayout {
-  size_t dq_accum = 0, lse2 = 0, delta = 0, total = 0;
+  size_t dq_accum = 0, lse2 = 0, delta = 0, dq_order = 0, total = 0;
 };
-AttentionBackwardLayout attention_backward_layout(int64_t total_q, int64_t heads_q, int64_t head_dim);
+AttentionBackwardLayout attention_backward_layout(int64_t total_q, int64_t heads_q, int64_t head_dim,
+                                                  bool deterministic = false);
 
 // ---- norm backward: at most this many blocks per SM, so the f32 partial rows [G, C] per weight-like
 // gradient stay within G <= rows and G <= 8 x SMs whatever the kernel's residency ----

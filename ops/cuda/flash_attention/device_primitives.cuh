@@ -1,5 +1,6 @@
 // Device primitives shared by the flash attention kernels: m16n8k16 mma.sync, ldmatrix,
-// cp.async with zero fill, and the swizzled shared-memory tile layout.
+// cp.async with zero fill, the swizzled shared-memory tile layout, vector reductions and the
+// acquire/release counter operations of the deterministic backward.
 //
 // Shared tiles are row-major [rows][cols] of 16-bit elements, addressed in 16-byte chunks whose
 // index is XOR-ed with the row so that the 8 rows an ldmatrix phase reads (or the 8 rows a
@@ -11,7 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/flash_attention.h"
+#include "cuda/flash_attention/flash_attention.h"
 
 namespace kestrel::cuda::fa {
 
@@ -137,68 +138,6 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, in
   }
 }
 
-// The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
-// first, z = document) and the key tiles it visits, n_first .. n_blocks - 1; key j is visible to
-// query i iff j <= i + off (causal, bottom-right aligned) and, with a window, j > i + off - window.
-struct FwdTile {
-  int h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first;
-};
-
-// Sliding-window mask of one score: key j lies before the window of query i (p.window > 0 only).
-__device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int i, int j, int off) {
-  return p.window > 0 && j <= i + off - p.window;
-}
-// Whether a [rows up to i_max] x [keys from j_min] tile holds any score before the window.
-__device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
-  return p.window > 0 && j_min <= i_max + off - p.window;
-}
-template <int kBr, int kBc>
-__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
-  FwdTile t;
-  t.h = blockIdx.x;
-  t.hk = t.h / (p.num_heads_q / p.num_heads_kv);
-  const int doc = blockIdx.z;
-  t.q_start = p.cu_seqlens_q[doc];
-  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
-  t.k_start = p.cu_seqlens_k[doc];
-  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
-  t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
-  t.off = t.len_k - t.len_q;
-  const int n_end = p.causal ? min(t.len_k, t.m0 + kBr + t.off) : t.len_k;
-  t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
-  // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
-  t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
-  return t;
-}
-
-// Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query
-// tiles it walks: tiles_per_head kBr-row tiles (from tile m_begin; causal skips the queries before
-// these keys, a window the queries past them) of each of the `group` query heads sharing the KV
-// head, n_iter in all.
-struct BwdTile {
-  int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
-};
-template <int kBc, int kBr>
-__device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc) {
-  BwdTile t;
-  t.q_start = p.cu_seqlens_q[doc];
-  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
-  t.k_start = p.cu_seqlens_k[doc];
-  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
-  t.n0 = n_block * kBc;
-  t.group = p.num_heads_q / p.num_heads_kv;
-  t.off = t.len_k - t.len_q;
-  t.m_begin = p.causal ? max(0, t.n0 - t.off) / kBr : 0;
-  int m_end = (t.len_q + kBr - 1) / kBr;
-  if (p.window > 0) {  // the last query that sees key n0 + kBc - 1 is n0 + kBc - 2 - off + window
-    const int i_last = t.n0 + kBc - 2 - t.off + p.window;
-    m_end = i_last < 0 ? 0 : min(m_end, i_last / kBr + 1);
-  }
-  t.tiles_per_head = max(0, m_end - t.m_begin);
-  t.n_iter = t.tiles_per_head * t.group;
-  return t;
-}
-
 // dst[0..1] += (x, y) as one vector reduction, issued only where `pred` holds. Predicated in PTX
 // so that no branch (and no reconvergence barrier) separates the reductions from the GEMM code
 // around them: ptxas can then interleave them with the next phase's ldmatrix/mma.
@@ -206,6 +145,23 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float x, float y, bool
   asm volatile(
       "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n @q red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
       "f"(x), "f"(y), "r"(static_cast<int>(pred)));
+}
+
+// ---- ordered accumulation (deterministic backward), CUTLASS's generic-barrier pattern ----
+// Spins until *flag == expected (acquire at GPU scope: what the releasing block wrote before its
+// release is visible afterwards). One thread calls it; a block barrier then releases the others.
+__device__ __forceinline__ void wait_counter_eq(const int* flag, int expected) {
+  int v;
+  while (true) {
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+    if (v == expected) break;
+    __nanosleep(32);
+  }
+}
+// *flag += 1 after everything this block wrote before the preceding block barrier (release at GPU
+// scope). One thread calls it, after a barrier that every writer of the block passed.
+__device__ __forceinline__ void release_counter_inc(int* flag) {
+  asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(flag) : "memory");
 }
 
 __device__ __forceinline__ float quad_max(float x) {

@@ -12,19 +12,13 @@
 
 #include <cstdint>
 
-#include "cuda/flash_attention.h"
+#include "cuda/flash_attention/flash_attention.h"
 
 namespace kestrel::cuda::fa {
 
 // Encodes the map for `base` [tokens, heads, dim] of 2-byte elements; boxes of box_rows tokens.
 // Throws kestrel::Error "[flash_attention] ..." if the driver rejects it.
 CUtensorMap make_tma_map_3d(const void* base, AttnDType dtype, int tokens, int heads, int dim, int box_rows);
-
-// The TMA forward (flash_attention_fwd_tma_kernel.cuh), kD 64 and 128, K/V ring depth 2 or 3;
-// ping_pong (2-deep rings, 2-warpgroup blocks only: kD 128) alternates the warpgroups' GEMM issue.
-// Needs p.total_q and p.total_k.
-template <typename T, int kD>
-void launch_fwd_tma(const FlashAttentionParams& p, int stages, bool ping_pong, cudaStream_t stream);
 
 #if defined(__CUDACC__)
 // Arrives on `bar` (one arrival) and raises its expected transaction bytes by `bytes`.

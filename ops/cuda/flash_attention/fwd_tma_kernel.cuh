@@ -1,7 +1,6 @@
-// Flash attention forward for Hopper with TMA loads: the wgmma kernel of
-// flash_attention_fwd_wgmma_kernel.cuh (kWG warpgroups x 64 query rows, kBc-key tiles walked from
-// the last, S = Q K^T and O += P V on wgmma, the P V GEMM of tile i-1 overlapping the softmax of
-// tile i) with its loads moved to the copy engine and its block barrier removed:
+// Flash attention forward for Hopper (sm_90a), fed by TMA: kWG warpgroups x 64 query rows, kBc-key
+// tiles walked from the last, S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of
+// tile i-1 overlapping the softmax of tile i, no block barrier per tile:
 // - Q and the K/V tiles arrive by cp.async.bulk.tensor (one thread issues a whole tile; the
 //   consumers execute no copy instructions and no proxy fence);
 // - K and V live in kStages-deep rings with a "full" mbarrier per slot (armed with the tile's
@@ -13,16 +12,17 @@
 // Boxes read past the tensor's end are zero-filled. A document's last tile can also hold keys of
 // the next document: S masks them (P = 0), and before its first P V GEMM the block zeroes those V
 // rows (once per block, one barrier), so that 0 * (a non-finite value of another document) never
-// reaches the output: the same result as the cp.async kernel's zero-fill.
+// reaches the output: the same result as zero-filled rows.
 #pragma once
 
 #include <cmath>
 
-#include "cuda/flash_attention_common.cuh"
-#include "cuda/flash_attention_fwd_wgmma_common.cuh"
-#include "cuda/flash_attention_launch.cuh"
-#include "cuda/flash_attention_tma.cuh"
-#include "cuda/flash_attention_wgmma.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
+#include "cuda/flash_attention/fwd_mainloop.cuh"
+#include "cuda/flash_attention/traits.h"
+#include "cuda/flash_attention/tile_scheduler.h"
+#include "cuda/flash_attention/tma.cuh"
+#include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 
 namespace kestrel::cuda::fa {
@@ -199,22 +199,18 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 }
 
 template <typename T, int kD>
-void launch_fwd_tma(const FlashAttentionParams& p, int stages, bool ping_pong, cudaStream_t stream) {
-  constexpr int kWG = WgmmaFwdTraits<kD>::kWG, kBc = WgmmaFwdTraits<kD>::kBc;
-  constexpr int kBr = kWG * 64;
+void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
+  using Tr = TmaFwdTraits<kD>;
+  constexpr int kBr = Tr::kWG * 64, kBc = Tr::kBc, kStages = Tr::kStages;
+  static_assert(!Tr::kPingPong || Tr::kWG == 2, "ping-pong alternates two warpgroups");
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
   const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
-  auto run = [&](auto kernel, int st) {
-    const size_t smem = static_cast<size_t>(kBr + 2 * st * kBc) * kD * 2 + 1024 + 8 * (1 + 4 * st);
-    KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    dim3 grid(p.num_heads_q, (p.max_seqlen_q + kBr - 1) / kBr, p.num_docs);
-    kernel<<<grid, kWG * 128, smem, stream>>>(p, tq, tk, tv);
-    KESTREL_CUDA_CHECK_LAUNCH();
-  };
-  if (ping_pong && kWG == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2, kWG == 2>, 2);
-  else if (stages == 2) run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 2, false>, 2);
-  else run(flash_fwd_tma_kernel<T, kD, kWG, kBc, 3, false>, 3);
+  constexpr size_t smem = static_cast<size_t>(kBr + 2 * kStages * kBc) * kD * 2 + 1024 + 8 * (1 + 4 * kStages);
+  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong>;
+  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv);
+  KESTREL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kestrel::cuda::fa

@@ -1,4 +1,4 @@
-// The pieces shared by the Hopper wgmma flash attention forwards (cp.async and TMA kernels): the
+// The forward mainloop pieces of the Hopper kernel (fwd_tma_kernel.cuh): the
 // two GEMM issues (S = Q K^T, O += P V) on the swizzled shared tiles, the online softmax on an
 // m64n{kBc} S accumulator, the packing of P into wgmma's register-A fragments, the O rescale and
 // the epilogue. A thread holds two query rows of its warpgroup's 64:
@@ -8,8 +8,8 @@
 
 #include <cmath>
 
-#include "cuda/flash_attention_common.cuh"
-#include "cuda/flash_attention_wgmma.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
+#include "cuda/flash_attention/wgmma.cuh"
 
 namespace kestrel::cuda::fa {
 

@@ -1,4 +1,5 @@
-// Flash attention forward kernel (FA2): one block per (query tile, query head, document).
+// Flash attention forward, mma.sync (FA2), built at head dim 256 (MmaFwdTraits): the path of head
+// dims above 128 and of non-Hopper devices. One block per (query tile, query head, document).
 //
 // Each warp owns 16*kMT query rows (its kMT m-tiles share every K/V fragment it loads).
 // Key/value tiles stream through shared memory with cp.async: the V tile loads while Q K^T runs, the next K tile loads while P V runs. The softmax is online
@@ -11,8 +12,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "cuda/flash_attention_common.cuh"
-#include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
+#include "cuda/flash_attention/tile_scheduler.h"
+#include "cuda/flash_attention/traits.h"
 #include "kestrel/cuda/check.h"
 
 namespace kestrel::cuda::fa {
@@ -194,21 +196,15 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
     }
 }
 
-template <typename T, int kD, int kBr, int kBc, int kMT>
-void launch_fwd_cfg(const FlashAttentionParams& p, cudaStream_t stream) {
-  constexpr int kThreads = kBr / (16 * kMT) * 32;
-  constexpr size_t smem = static_cast<size_t>(kBr + 2 * kBc) * kD * 2;
-  auto kernel = flash_fwd_kernel<T, kD, kBr, kBc, kMT>;
+template <typename T>
+void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream) {
+  using Tr = MmaFwdTraits;
+  constexpr int kThreads = Tr::kBr / (16 * Tr::kMT) * 32;
+  constexpr size_t smem = static_cast<size_t>(Tr::kBr + 2 * Tr::kBc) * Tr::kD * 2;
+  auto kernel = flash_fwd_kernel<T, Tr::kD, Tr::kBr, Tr::kBc, Tr::kMT>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dim3 grid(p.num_heads_q, (p.max_seqlen_q + kBr - 1) / kBr, p.num_docs);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<fwd_grid(p, Tr::kBr), kThreads, smem, stream>>>(p);
   KESTREL_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T, int kD>
-void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
-  using Tr = FwdTraits<kD>;
-  launch_fwd_cfg<T, kD, Tr::kBr, Tr::kBc, Tr::kMT>(p, stream);
 }
 
 }  // namespace kestrel::cuda::fa

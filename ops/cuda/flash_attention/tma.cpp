@@ -1,7 +1,7 @@
-// Host side of flash_attention_tma.cuh: tensor maps for the TMA flash attention kernels, encoded
+// Host side of tma.cuh: tensor maps for the TMA flash attention kernels, encoded
 // through the driver's cuTensorMapEncodeTiled (looked up via cudart, so libkestrel does not link
 // libcuda directly).
-#include "cuda/flash_attention_tma.cuh"
+#include "cuda/flash_attention/tma.cuh"
 
 #include <cuda_runtime.h>
 

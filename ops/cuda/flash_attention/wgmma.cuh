@@ -18,7 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/flash_attention_common.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
 
 namespace kestrel::cuda::fa {
 

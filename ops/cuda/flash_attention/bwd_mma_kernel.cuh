@@ -1,6 +1,6 @@
-// Flash attention backward kernel (FA2, "v2" in bench/notes/flash_attention.md): one block per (key
-// tile, KV head x column chunk, document). Runs head dims 64 and 256 (and 128 with KESTREL_FA_BWD=v2;
-// the default at 128 is flash_attention_bwd_tiled_kernel.cuh).
+// Flash attention backward, mma.sync (FA2, "v2" in bench/notes/flash_attention.md), built at head
+// dim 256 (MmaBwdTraits): the path of head dims above 128 and of non-Hopper devices. One block per
+// (key tile, KV head x column chunk, document).
 //
 // Each warp owns 16 keys of the tile and keeps their dK, dV rows (kDC columns) in f32 registers
 // for the whole kernel. The block loops over every query head of its GQA group and every query
@@ -9,15 +9,17 @@
 //   S^T = K Q^T, P^T = exp2(S^T*scale*log2e - lse2)      [16 keys x kBr] per warp
 //   dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - delta),  dK += dS^T Q
 //   dS^T -> shared memory, then dQ[tile] += dS K accumulated into an f32 workspace with atomics.
-// For head_dim 256 a block owns 128 of the output columns (gridDim.y covers both halves) and
+// A block owns 128 of the output columns (grid x covers both halves; the second half of a
+// head dim <= 128 has nothing to write and returns at once) and
 // recomputes S and dP, which keeps the accumulators within the register file.
 #pragma once
 
 #include <cmath>
 #include <type_traits>
 
-#include "cuda/flash_attention_common.cuh"
-#include "cuda/flash_attention_launch.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
+#include "cuda/flash_attention/tile_scheduler.h"
+#include "cuda/flash_attention/traits.h"
 #include "kestrel/cuda/check.h"
 
 namespace kestrel::cuda::fa {
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
       bwd_tile<kBc, kBr>(p, n_block, doc);
   if (n0 >= len_k) return;
   const int D = kExact ? kD : p.head_dim;  // kExact: the head dim is the tile's (no column checks)
+  if (dc0 >= D) return;                    // a padded head dim's empty column half
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -254,22 +257,17 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   }
 }
 
-template <typename T, int kD, int kBc, int kBr, int kDC>
-void launch_bwd_cfg(const BwdArgs& a, cudaStream_t stream) {
+template <typename T>
+void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream) {
+  using Tr = MmaBwdTraits;
+  constexpr int kD = Tr::kD, kBc = Tr::kBc, kBr = Tr::kBr, kDC = Tr::kDC;
   constexpr int kThreads = kBc / 16 * 32;
   constexpr size_t smem = static_cast<size_t>(2 * kBc * kD + 4 * kBr * kD + kBc * kBr) * 2 + 4 * kBr * sizeof(float);
   auto kernel = a.p.head_dim == kD ? flash_bwd_kernel<T, kD, kBc, kBr, kDC, true>
                                     : flash_bwd_kernel<T, kD, kBc, kBr, kDC, false>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dim3 grid(a.p.num_heads_kv * (kD / kDC), (a.p.max_seqlen_k + kBc - 1) / kBc, a.p.num_docs);
-  kernel<<<grid, kThreads, smem, stream>>>(a);
+  kernel<<<bwd_grid(a.p, kBc, kD / kDC), kThreads, smem, stream>>>(a);
   KESTREL_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T, int kD>
-void launch_bwd_v2(const BwdArgs& a, cudaStream_t stream) {
-  using Tr = BwdTraits<kD>;
-  launch_bwd_cfg<T, kD, Tr::kBc, Tr::kBr, Tr::kDC>(a, stream);
 }
 
 }  // namespace kestrel::cuda::fa

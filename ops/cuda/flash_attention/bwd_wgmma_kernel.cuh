@@ -19,14 +19,23 @@
 // publishes the next tile's copies. GEMM order dV, (exchange), dQ, dK, with dQ's reductions issued
 // while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
+// kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
+// order. Thread 0 waits, before the tile's exchange barrier, until the tile's counter (a.dq_order,
+// at the tile's first row) says that every earlier key block visiting the tile has added its part
+// (bwd_first_key_block); at the end of the next tile (past its barrier, which every thread reaches
+// after issuing the previous tile's reductions) it releases the previous tile (+1). Both sit where
+// no wgmma is in flight (elsewhere ptxas injects warpgroup.arrive, C7519). Blocks wait
+// only on blocks of lower index, which the hardware schedules first (FA3's deterministic mode and
+// CUTLASS's serial split-K rely on the same order).
 #pragma once
 
 #include <cmath>
 #include <type_traits>
 
-#include "cuda/flash_attention_common.cuh"
-#include "cuda/flash_attention_launch.cuh"
-#include "cuda/flash_attention_wgmma.cuh"
+#include "cuda/flash_attention/device_primitives.cuh"
+#include "cuda/flash_attention/tile_scheduler.h"
+#include "cuda/flash_attention/traits.h"
+#include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 
 namespace kestrel::cuda::fa {
@@ -37,7 +46,7 @@ constexpr size_t bwd_wgmma_smem_bytes() {
   return static_cast<size_t>(2 * 128 * kD + 6 * kBr * kD + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
-template <typename T, int kD, int kBr>
+template <typename T, int kD, int kBr, bool kDeterministic>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
@@ -231,6 +240,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     }
   };
 
+  // Deterministic mode: the counter of tile it ([Hq, total_q] at the tile's first row).
+  auto dq_order_flag = [&](int it) {
+    return a.dq_order + static_cast<int64_t>(tile_head(it)) * a.total_q + q_start + tile_m0(it);
+  };
+
   if (n_iter > 0) {
     cp_async_wait<0>();
     fence_proxy_async();
@@ -253,6 +267,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     wgmma_wait<0>();
     fence_regs(dp);
     compute_ds(buf, sdS0 + (it & 1) * kSBytes);
+    if constexpr (kDeterministic) {  // no wgmma in flight here; the barrier below releases the block
+      if (tid == 0) wait_counter_eq(dq_order_flag(it), n_block - bwd_first_key_block<kBc, kBr>(p, tile_m0(it) / kBr, off));
+    }
     wgmma_fence();
     issue_dv(buf);       // dV runs while dS^T is exchanged
     cp_async_wait<0>();  // tile it + 1 landed: the barrier below publishes it
@@ -266,6 +283,15 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     wgmma_wait<0>();
     fence_regs(pa);
     fence_regs(da);
+    if constexpr (kDeterministic) {  // every thread's tile it - 1 reductions preceded this tile's barrier
+      if (tid == 0 && it > 0) release_counter_inc(dq_order_flag(it - 1));
+    }
+  }
+  if constexpr (kDeterministic) {
+    if (n_iter > 0) {
+      named_bar_sync(1, kThreads);
+      if (tid == 0) release_counter_inc(dq_order_flag(n_iter - 1));
+    }
   }
   fence_regs(dk);
   fence_regs(dv);
@@ -290,14 +316,13 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kDeterministic>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
-  constexpr int kBr = kD == 128 ? 64 : 128;
-  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, kBr>();
-  auto kernel = flash_bwd_wgmma_kernel<T, kD, kBr>;
+  using Tr = WgmmaBwdTraits<kD>;
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  dim3 grid(a.p.num_heads_kv, (a.p.max_seqlen_k + 127) / 128, a.p.num_docs);
-  kernel<<<grid, 256, smem, stream>>>(a);
+  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,78 @@
+// Flash attention over raw device pointers: forward and backward, causal (bottom-right aligned per
+// document, optionally a sliding window) and bidirectional, GQA, packed variable-length documents
+// given by cumulative offsets. Private launcher API; the Tensor-level op (ops/cuda/attention.cu)
+// wraps it. The folder's layout is described in DESIGN.md (ops/) and in bench/notes/flash_attention.md.
+//
+// Layouts: q/out/dout/dq [total_q, Hq, D], k/v/dk/dv [total_k, Hkv, D], lse [total_q, Hq] (f32,
+// natural log of sum_j exp(scale * q.k_j)). A query row with no visible key gets out = 0 and
+// lse = -inf. Extra memory is O(tokens x heads): the backward workspace holds an f32 dq
+// accumulator and two f32 rows per (token, head) (plus one i32 per (token, head) when
+// deterministic). No host synchronisation: max lengths and token counts come from the caller.
+// head_dim must be a multiple of 8 and at most 256; 64 and 128 are the fast path, any other value
+// runs a zero-padded instantiation (one log line on first use).
+//
+// Determinism: forward, dk and dv are bitwise reproducible. dq is summed over key blocks into an
+// f32 accumulator; by default with f32 atomics in arrival order (repeated runs can differ by one
+// unit in the last place after rounding), with `deterministic` in a fixed order (key block 0
+// first, through a per-(query tile, head) counter; a few percent slower).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace kestrel::cuda {
+
+enum class AttnDType { BF16, F16 };
+
+// Which kernels run. Auto: choose_flash_kernel (heuristics.cpp) from the parameters and the device.
+// The explicit values exist for tests and A/B runs; each throws where it cannot run the shape.
+//   Hopper:  the sm_90a kernels (TMA-fed wgmma forward, wgmma backward); padded head dim 64 or 128.
+//   MmaSync: the mma.sync kernels (cp.async, FA2 layout) built at head dim 256, which run any
+//            head dim zero-padded to 256 (the path of head dims above 128 today).
+enum class FlashKernel { Auto, Hopper, MmaSync };
+
+struct FlashAttentionParams {
+  const void* q;                // [total_q, Hq, D] contiguous
+  const void* k;                // [total_k, Hkv, D]
+  const void* v;                // [total_k, Hkv, D]
+  void* out;                    // [total_q, Hq, D]
+  float* lse;                   // [total_q, Hq] natural-log log-sum-exp of the scaled scores per row
+  const int32_t* cu_seqlens_q;  // device [num_docs+1], cumulative offsets (packed documents)
+  const int32_t* cu_seqlens_k;  // device [num_docs+1]
+  int num_docs, max_seqlen_q, max_seqlen_k;  // max lengths known on the host: no host sync inside
+  int num_heads_q, num_heads_kv, head_dim;   // Hq % Hkv == 0 (GQA); head_dim <= 256
+  float softmax_scale;
+  bool causal;
+  AttnDType dtype;
+  // Rows of q and of k/v (tokens); required (they bound the TMA tensor maps and size the backward
+  // workspace).
+  int total_q = 0, total_k = 0;
+  // Sliding window (causal only; 0 = none): key j visible to query i iff i + off - window < j <= i + off
+  // (off = len_k - len_q), transformers' sliding_window. Every kernel skips the key tiles (forward) and
+  // query tiles (backward) wholly outside it and masks the partial tiles at both edges.
+  int window = 0;
+  FlashKernel kernel = FlashKernel::Auto;
+  // Backward only: add the key blocks' dq partials in a fixed order (bitwise-reproducible dq).
+  // Implemented by the Hopper backward (head dims up to 128); refused on the mma.sync path.
+  bool deterministic = false;
+};
+
+void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
+
+struct FlashAttentionBackwardParams {
+  FlashAttentionParams fwd;      // q, k, v, out, lse as produced by the forward
+  const void* dout;              // [total_q, Hq, D]
+  void* dq;                      // [total_q, Hq, D]
+  void* dk;                      // [total_k, Hkv, D], summed over the query heads of each KV group
+  void* dv;                      // [total_k, Hkv, D]
+  void* workspace;               // caller-allocated, flash_attention_backward_workspace_bytes()
+  size_t workspace_bytes;
+};
+
+// Bytes of device workspace the backward needs (kestrel/ops/workspace_sizes.h's layout), 256-aligned.
+size_t flash_attention_backward_workspace_bytes(const FlashAttentionParams& p);
+void flash_attention_backward(const FlashAttentionBackwardParams& p, cudaStream_t stream);
+
+}  // namespace kestrel::cuda

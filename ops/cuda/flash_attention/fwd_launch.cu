@@ -1,0 +1,28 @@
+// Entry point of the flash attention forward: validates the parameters once, picks the kernel
+// (heuristics.h: the TMA-fed Hopper kernel for head dims up to 128 on sm_90, the mma.sync kernel
+// at head dim 256 otherwise) and launches it on the caller's stream.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/flash_attention/flash_attention.h"
+#include "cuda/flash_attention/heuristics.h"
+#include "cuda/flash_attention/static_switch.h"
+#include "cuda/flash_attention/traits.h"
+
+namespace kestrel::cuda {
+
+void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
+  fa::check_params(p);
+  if (p.num_docs == 0 || p.max_seqlen_q == 0) return;
+  const fa::KernelChoice choice = fa::choose_kernel(p, fa::current_device_props(), /*backward=*/false);
+  fa::dtype_switch(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (choice.kernel == FlashKernel::MmaSync) {
+      fa::launch_fwd_mma<T>(p, stream);
+      return;
+    }
+    fa::head_dim_switch(choice.kernel_head_dim, [&](auto d) { fa::launch_fwd_tma<T, decltype(d)::value>(p, stream); });
+  });
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,110 @@
+// Tile scheduling shared by every flash attention kernel: the launch grid (host) and the tile a
+// block owns (device), so the kernels and launchers agree on one mapping.
+//
+// Forward grid: x = query head, y = query tile (visited heaviest-first under causal masking: block y
+// takes tile gridDim.y - 1 - y), z = document. Backward grid: x = KV head (x column splits for the
+// head-dim-256 kernel), y = key block, z = document; a backward block walks the query tiles of every
+// query head of its GQA group that see its keys. The pre/post-processing kernels are grid-stride
+// loops capped at 16 blocks per SM of the current device (sm_count(): cudaDevAttrMultiProcessorCount,
+// read once per device and cached).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash_attention/flash_attention.h"
+#include "kestrel/cuda/context.h"
+
+namespace kestrel::cuda::fa {
+
+inline dim3 fwd_grid(const FlashAttentionParams& p, int block_rows) {
+  return dim3(p.num_heads_q, (p.max_seqlen_q + block_rows - 1) / block_rows, p.num_docs);
+}
+inline dim3 bwd_grid(const FlashAttentionParams& p, int block_keys, int column_splits = 1) {
+  return dim3(p.num_heads_kv * column_splits, (p.max_seqlen_k + block_keys - 1) / block_keys, p.num_docs);
+}
+// Blocks of a grid-stride kernel over `items` work items, `per_block` per block and pass.
+inline int grid_stride_blocks(int64_t items, int per_block) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((items + per_block - 1) / per_block,
+                                                                 int64_t{16} * sm_count())));
+}
+
+#if defined(__CUDACC__)
+// The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
+// first, z = document) and the key tiles it visits, n_first .. n_blocks - 1; key j is visible to
+// query i iff j <= i + off (causal, bottom-right aligned) and, with a window, j > i + off - window.
+struct FwdTile {
+  int h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first;
+};
+
+// Sliding-window mask of one score: key j lies before the window of query i (p.window > 0 only).
+__device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int i, int j, int off) {
+  return p.window > 0 && j <= i + off - p.window;
+}
+// Whether a [rows up to i_max] x [keys from j_min] tile holds any score before the window.
+__device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
+  return p.window > 0 && j_min <= i_max + off - p.window;
+}
+template <int kBr, int kBc>
+__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
+  FwdTile t;
+  t.h = blockIdx.x;
+  t.hk = t.h / (p.num_heads_q / p.num_heads_kv);
+  const int doc = blockIdx.z;
+  t.q_start = p.cu_seqlens_q[doc];
+  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
+  t.k_start = p.cu_seqlens_k[doc];
+  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
+  t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  t.off = t.len_k - t.len_q;
+  const int n_end = p.causal ? min(t.len_k, t.m0 + kBr + t.off) : t.len_k;
+  t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
+  // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
+  t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
+  return t;
+}
+
+// Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query
+// tiles it walks: tiles_per_head kBr-row tiles (from tile m_begin; causal skips the queries before
+// these keys, a window the queries past them) of each of the `group` query heads sharing the KV
+// head, n_iter in all.
+struct BwdTile {
+  int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
+};
+template <int kBc, int kBr>
+__device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc) {
+  BwdTile t;
+  t.q_start = p.cu_seqlens_q[doc];
+  t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
+  t.k_start = p.cu_seqlens_k[doc];
+  t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
+  t.n0 = n_block * kBc;
+  t.group = p.num_heads_q / p.num_heads_kv;
+  t.off = t.len_k - t.len_q;
+  t.m_begin = p.causal ? max(0, t.n0 - t.off) / kBr : 0;
+  int m_end = (t.len_q + kBr - 1) / kBr;
+  if (p.window > 0) {  // the last query that sees key n0 + kBc - 1 is n0 + kBc - 2 - off + window
+    const int i_last = t.n0 + kBc - 2 - t.off + p.window;
+    m_end = i_last < 0 ? 0 : min(m_end, i_last / kBr + 1);
+  }
+  t.tiles_per_head = max(0, m_end - t.m_begin);
+  t.n_iter = t.tiles_per_head * t.group;
+  return t;
+}
+
+// Deterministic backward: of the key blocks of a document that add into query tile m (kBr rows),
+// the first. Key blocks n_lo(m) .. n - 1 all visit tile m before block n does (the visited range
+// [m_begin, m_end) of bwd_tile grows with the key block), so block n adds its partial after
+// n - n_lo(m) others. Without a window n_lo = 0; with one, n_lo is the first block whose last
+// visited query (n0 + kBc - 2 - off + window) reaches row m * kBr.
+template <int kBc, int kBr>
+__device__ __forceinline__ int bwd_first_key_block(const FlashAttentionParams& p, int m, int off) {
+  if (p.window <= 0) return 0;
+  const int x = m * kBr - kBc + 2 + off - p.window;
+  return x <= 0 ? 0 : (x + kBc - 1) / kBc;
+}
+#endif  // __CUDACC__
+
+}  // namespace kestrel::cuda::fa

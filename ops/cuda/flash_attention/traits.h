@@ -1,0 +1,57 @@
+// Tile choices of each kernel, the backward kernels' argument block, and the launcher templates that
+// the generated instantiation files (inst_*.cu, generate_instantiations.py) compile. Host-visible
+// declarations only, so the entry points (fwd_launch.cu, bwd_launch.cu) compile without the kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash_attention/flash_attention.h"
+
+namespace kestrel::cuda::fa {
+
+// Hopper forward (fwd_tma_kernel.cuh): kWG consumer warpgroups x 64 query rows per block, kBc-key
+// tiles, K/V rings of kStages slots; kPingPong: the two warpgroups take turns issuing their GEMMs
+// (needs kWG == 2). Measured choices in bench/notes/flash_attention.md ("Removed variants").
+template <int kD>
+struct TmaFwdTraits;
+template <>
+struct TmaFwdTraits<64> { static constexpr int kWG = 3, kBc = 128, kStages = 2; static constexpr bool kPingPong = false; };
+template <>
+struct TmaFwdTraits<128> { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
+
+// mma.sync forward (fwd_mma_kernel.cuh), built at head dim 256 only: one block of kBr query rows
+// (16*kMT per warp) walks kBc-wide key tiles.
+struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1; };
+
+// Hopper backward (bwd_wgmma_kernel.cuh): 2 warpgroups x 64 keys (kBc 128) per block, kBr-query tiles.
+template <int kD>
+struct WgmmaBwdTraits { static constexpr int kBc = 128, kBr = kD == 128 ? 64 : 128; };
+
+// mma.sync backward (bwd_mma_kernel.cuh), head dim 256: one block owns kBc keys (16 per warp) of one
+// KV head and kDC of its output columns, and walks kBr-row query tiles of every query head of its group.
+struct MmaBwdTraits { static constexpr int kD = 256, kBc = 64, kBr = 32, kDC = 128; };
+
+// Arguments of the main backward kernels (workspace already carved).
+struct BwdArgs {
+  FlashAttentionParams p;
+  const void* dout;  // [total_q, Hq, D]
+  void* dk;          // [total_k, Hkv, D]
+  void* dv;          // [total_k, Hkv, D]
+  float* dq_accum;   // [total_q, Hq, D] f32, zeroed by the preprocess kernel
+  const float* lse2;   // [Hq, total_q] lse * log2(e), +inf for rows without visible keys
+  const float* delta;  // [Hq, total_q] rowsum(dout * out)
+  int* dq_order;       // [Hq, total_q] i32, zeroed by the preprocess kernel; deterministic mode only:
+                       // at the first row of each query tile, how many key blocks have added their dq
+  int total_q;
+};
+
+template <typename T, int kD>  // kD 64 and 128; needs p.total_q / p.total_k
+void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream);
+template <typename T>  // head dim 256 (smaller head dims zero-padded)
+void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream);
+template <typename T, int kD, bool kDeterministic>  // kD 64 and 128
+void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
+template <typename T>  // head dim 256 (smaller head dims zero-padded)
+void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream);
+
+}  // namespace kestrel::cuda::fa

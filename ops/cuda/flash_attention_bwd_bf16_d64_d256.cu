@@ -1,7 +1,0 @@
-// Explicit instantiations: flash attention backward, bf16, head dims 64 and 256 (padded path).
-#include "cuda/flash_attention_bwd_kernel.cuh"
-
-namespace kestrel::cuda::fa {
-template void launch_bwd_v2<__nv_bfloat16, 64>(const BwdArgs&, cudaStream_t);
-template void launch_bwd_v2<__nv_bfloat16, 256>(const BwdArgs&, cudaStream_t);
-}  // namespace kestrel::cuda::fa

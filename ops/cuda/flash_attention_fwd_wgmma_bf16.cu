@@ -1,7 +1,0 @@
-// Explicit instantiations: Hopper wgmma flash attention forwards, bf16, head dims 64 / 128.
-#include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
-
-namespace kestrel::cuda::fa {
-template void launch_fwd_wgmma<__nv_bfloat16, 64>(const FlashAttentionParams&, int, cudaStream_t);
-template void launch_fwd_wgmma<__nv_bfloat16, 128>(const FlashAttentionParams&, int, cudaStream_t);
-}  // namespace kestrel::cuda::fa

@@ -1,7 +1,0 @@
-// Explicit instantiations: Hopper wgmma flash attention forwards, f16, head dims 64 / 128.
-#include "cuda/flash_attention_fwd_wgmma_kernel.cuh"
-
-namespace kestrel::cuda::fa {
-template void launch_fwd_wgmma<__half, 64>(const FlashAttentionParams&, int, cudaStream_t);
-template void launch_fwd_wgmma<__half, 128>(const FlashAttentionParams&, int, cudaStream_t);
-}  // namespace kestrel::cuda::fa
