@@ -4,7 +4,9 @@
 // Forward: s_j = scale * q.k_j over the visible keys of the row's document, lse = log sum exp s_j,
 // out = sum_j exp(s_j - lse) v_j. Causal masking is bottom-right aligned: key j (local index) is
 // visible to query i iff j <= i + len_k - len_q; a sliding window W > 0 keeps only
-// j > i + len_k - len_q - W of those, so each row sees a contiguous key range.
+// j > i + len_k - len_q - W of those, so each row sees a contiguous key range. A prefix-LM mask
+// (prefix_len P per document, causal only) also shows every query the keys j < P: the prefix is
+// bidirectional, the rest causal (the keys of a row stay one contiguous range [0, max(diag, P - 1)]).
 // Backward (FA2 form, P recomputed from the saved lse): delta_i = dout_i . out_i,
 // dS_ij = P_ij (dout_i . v_j - delta_i), dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i,
 // dv_j = sum_i P_ij dout_i, with dk/dv also summed over the query heads of the KV group. dq runs
@@ -27,7 +29,14 @@ struct Docs {
   std::vector<int32_t> doc_of_q, doc_of_k;  // [total_q], [total_k]
   int64_t Hq = 0, Hkv = 0, D = 0, group = 1;
 
-  Docs(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k) {
+  std::vector<int32_t> prefix;  // [docs] prefix-LM lengths (keys), empty = none
+
+  Docs(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+       const kernels::AttentionParams& p) {
+    if (p.prefix_len.defined()) {
+      const int32_t* pp = p.prefix_len.data<int32_t>();
+      prefix.assign(pp, pp + p.prefix_len.numel());
+    }
     const int32_t* pq = cu_seqlens_q.data<int32_t>();
     const int32_t* pk = cu_seqlens_k.data<int32_t>();
     cu_q.assign(pq, pq + cu_seqlens_q.numel());
@@ -45,6 +54,7 @@ struct Docs {
   }
   int64_t len_q(int d) const { return cu_q[d + 1] - cu_q[d]; }
   int64_t len_k(int d) const { return cu_k[d + 1] - cu_k[d]; }
+  int64_t prefix_of(int d) const { return prefix.empty() ? 0 : prefix[d]; }
   // Visible local keys [lo, hi) of local query index i (empty when lo >= hi).
   struct Range {
     int64_t lo, hi;
@@ -52,7 +62,7 @@ struct Docs {
   Range keys_of(int d, int64_t i, const kernels::AttentionParams& p) const {
     const int64_t lk = len_k(d);
     if (!p.causal) return {0, lk};
-    const int64_t diag = i + lk - len_q(d);  // the last visible key
+    const int64_t diag = std::max(i + lk - len_q(d), prefix_of(d) - 1);  // the last visible key
     const int64_t hi = std::clamp<int64_t>(diag + 1, 0, lk);
     const int64_t lo = p.window > 0 ? std::clamp<int64_t>(diag - p.window + 1, 0, lk) : 0;
     return {lo, std::max(lo, hi)};
@@ -62,7 +72,7 @@ struct Docs {
     const int64_t lq = len_q(d);
     if (!p.causal) return {0, lq};
     const int64_t off = len_k(d) - len_q(d);
-    const int64_t lo = std::clamp<int64_t>(j - off, 0, lq);
+    const int64_t lo = j < prefix_of(d) ? 0 : std::clamp<int64_t>(j - off, 0, lq);
     const int64_t hi = p.window > 0 ? std::clamp<int64_t>(j - off + p.window, 0, lq) : lq;
     return {lo, std::max(lo, hi)};
   }
@@ -91,7 +101,7 @@ void load_row(double* dst, const T* src, int64_t D) {
 void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                            const kernels::AttentionParams& p) {
-  Docs g(q, k, cu_seqlens_q, cu_seqlens_k);
+  Docs g(q, k, cu_seqlens_q, cu_seqlens_k, p);
   int64_t total_q = q.shape()[0], Hq = g.Hq, Hkv = g.Hkv, D = g.D;
   dispatch_floating(q.dtype(), "attention", [&](auto tag) {
     using T = decltype(tag);
@@ -140,7 +150,7 @@ void attention_backward_cpu(const Tensor& dq, const Tensor& dk, const Tensor& dv
                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                             const kernels::AttentionParams& p) {
-  Docs g(q, k, cu_seqlens_q, cu_seqlens_k);
+  Docs g(q, k, cu_seqlens_q, cu_seqlens_k, p);
   int64_t total_q = q.shape()[0], total_k = k.shape()[0], Hq = g.Hq, Hkv = g.Hkv, D = g.D;
   const double scale = p.softmax_scale;
   dispatch_floating(q.dtype(), "attention_backward", [&](auto tag) {

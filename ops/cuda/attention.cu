@@ -36,6 +36,8 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
   f.total_q = static_cast<int>(q.shape()[0]);
   f.total_k = static_cast<int>(k.shape()[0]);
   f.deterministic = p.deterministic;
+  // i32 [docs] on q's device, checked by the op layer (src/attention.cpp)
+  if (p.prefix_len.defined()) f.prefix_len = static_cast<const int32_t*>(p.prefix_len.data_ptr());
   return f;
 }
 

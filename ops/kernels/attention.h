@@ -22,6 +22,7 @@ struct AttentionParams {
   bool causal = true;        // bottom-right aligned per document
   int64_t window = 0;        // sliding window in keys (causal only; 0 = none), see kestrel/ops/attention.h
   bool deterministic = false;  // backward: dq summed in a fixed order (bitwise reproducible)
+  Tensor prefix_len;           // i32 [docs] on q's device, prefix-LM lengths (causal only); undefined = none
 };
 
 // out [total_q, Hq, D] (q's dtype), lse [total_q, Hq] f32 (-inf and out = 0 for a row with no key).

@@ -30,6 +30,22 @@ void check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q, int64
   KESTREL_CHECK(c.back() == total, kOp, name, " ends at ", c.back(), " but there are ", total, " tokens");
 }
 
+// prefix_len: i32 [docs] on q's device, causal only, no window; on the CPU each in [0, len_k].
+void check_prefix_len(const AttentionOptions& options, const Tensor& cu_seqlens_k, const Tensor& q) {
+  const Tensor& pl = options.prefix_len;
+  KESTREL_CHECK(options.causal, kOp, "prefix_len (a prefix-LM mask) needs causal = true");
+  KESTREL_CHECK(options.window <= 0, kOp, "prefix_len and a sliding window (", options.window,
+                ") together are not implemented");
+  KESTREL_CHECK(pl.dtype() == DType::I32 && pl.dim() == 1 && pl.numel() == cu_seqlens_k.numel() - 1, kOp,
+                "prefix_len must be i32 [docs] = [", cu_seqlens_k.numel() - 1, "], got ", pl.str());
+  KESTREL_CHECK(pl.device() == q.device(), kOp, "prefix_len must be on ", q.device().str(), ", got ", pl.str());
+  if (!pl.device().is_cpu()) return;  // no device-to-host read; the kernels clamp to the document
+  const std::vector<int64_t> c = cu_seqlens_k.to_int_vector(), v = pl.contiguous().to_int_vector();
+  for (size_t d = 0; d < v.size(); ++d)
+    KESTREL_CHECK(v[d] >= 0 && v[d] <= c[d + 1] - c[d], kOp, "prefix_len[", d, "] = ", v[d],
+                  " must be in [0, len_k = ", c[d + 1] - c[d], "]");
+}
+
 }  // namespace
 
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
@@ -58,6 +74,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                 options.softmax_scale);
   KESTREL_CHECK(options.window <= 0 || options.causal, kOp, "a sliding window (", options.window,
                 ") is implemented for causal attention only; pass causal = true or window = 0");
+  if (options.prefix_len.defined()) check_prefix_len(options, cu_seqlens_k, q);
 
   kernels::AttentionParams p;
   p.max_seqlen_q = max_seqlen_q;
@@ -67,6 +84,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   // A window covering the longest key document is no window (and fits the kernels' int).
   p.window = options.window > 0 && options.window < max_seqlen_k ? options.window : 0;
   p.deterministic = options.deterministic;
+  if (options.prefix_len.defined()) p.prefix_len = options.prefix_len.contiguous();
 
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();

@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
     const bool need_mask = (m0 + kBr > len_q) || (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0, off);
     auto softmax = [&](auto masked) {
+      // prefix-LM keys every query sees (0 = none); read in masked tiles only (no register elsewhere)
+      const int prefix = decltype(masked)::value ? doc_prefix(p, doc) : 0;
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
           if constexpr (decltype(masked)::value) {
             const int j = key_lo + (e >= 2 ? 8 : 0);
             const int i = m0 + qi;
-            pv = (i >= len_q || j >= len_k || (p.causal && j > i + off) || before_window(p, i, j, off)) ? 0.f : pv;
+            pv = (i >= len_q || j >= len_k || (p.causal && j > max(i + off, prefix - 1)) || before_window(p, i, j, off)) ? 0.f : pv;
           }
           s[nt][e] = pv;
           dp[nt][e] = pv * (dp[nt][e] - dlt[qi]);

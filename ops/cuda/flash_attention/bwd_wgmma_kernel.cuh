@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0w, off);
     auto body = [&](auto masked) {
+      // prefix-LM keys every query sees (0 = none); read in masked tiles only (no register elsewhere)
+      const int prefix = decltype(masked)::value ? doc_prefix(p, doc) : 0;
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j) {
         const float2 l = kEarlyLse ? lse[j] : *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
             const int key = n0w + key_lo + (e >= 2 ? 8 : 0);
             const int qi = m0 + 8 * j + 2 * c + (e & 1);
             // Bitwise, not short-circuit: one select per element, no branches.
-            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > qi + off)) |
+            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > max(qi + off, prefix - 1))) |
                               ((p.window > 0) & (key <= qi + off - p.window));
             x = dead ? 0.f : x;
           }

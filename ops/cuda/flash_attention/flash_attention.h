@@ -53,6 +53,11 @@ struct FlashAttentionParams {
   // (off = len_k - len_q), transformers' sliding_window. Every kernel skips the key tiles (forward) and
   // query tiles (backward) wholly outside it and masks the partial tiles at both edges.
   int window = 0;
+  // Prefix-LM mask (causal only, no window; nullptr = none): device i32 [num_docs], the leading keys
+  // of each document that every query of it sees (key j visible iff j <= i + off or j < prefix[doc]).
+  // The forward visits the key tiles up to the prefix's end, the backward all query tiles for the
+  // key blocks inside the prefix; the tiles past the diagonal are masked.
+  const int32_t* prefix_len = nullptr;
   FlashKernel kernel = FlashKernel::Auto;
   // Backward only: add the key blocks' dq partials in a fixed order (bitwise-reproducible dq).
   // Implemented by the Hopper backward (head dims up to 128); refused on the mma.sync path.

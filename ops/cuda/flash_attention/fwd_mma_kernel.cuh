@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0, off);
     if (need_mask) {
+      const int prefix = doc_prefix(p, blockIdx.z);  // prefix-LM keys every query sees (0 = none)
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
           for (int e = 0; e < 4; ++e) {
             const int i = m0 + wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
             const int j = n0 + nt * 8 + 2 * c + (e & 1);
-            if (j >= len_k || (p.causal && j > i + off) || before_window(p, i, j, off)) s[mt][nt][e] = -INFINITY;
+            if (j >= len_k || (p.causal && j > max(i + off, prefix - 1)) || before_window(p, i, j, off)) s[mt][nt][e] = -INFINITY;
           }
     }
 

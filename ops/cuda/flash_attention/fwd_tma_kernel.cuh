@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     const int n0 = (n_blocks - 1 - j) * kBc;
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
                            tile_crosses_window(p, wg_row0 + 63, n0, off);
-    sm.step(s, n0, need_mask, len_k, p.causal, p.window, row_base, off, c, sl2, alpha);
+    sm.step(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, row_base, off, c, sl2, alpha);
   };
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);

@@ -49,6 +49,8 @@ void check_params(const FlashAttentionParams& p) {
   KESTREL_CHECK(p.window >= 0, "flash_attention", "window must be >= 0 (0 = none), got ", p.window);
   KESTREL_CHECK(p.window == 0 || p.causal, "flash_attention",
                 "a sliding window is implemented for causal attention only (window ", p.window, ", causal false)");
+  KESTREL_CHECK(!p.prefix_len || (p.causal && p.window == 0), "flash_attention",
+                "a prefix-LM mask (prefix_len) needs causal attention without a window");
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   KESTREL_CHECK(aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out), "flash_attention",
                 "q, k, v and out must be 16-byte aligned");

@@ -32,6 +32,12 @@ inline int grid_stride_blocks(int64_t items, int per_block) {
 }
 
 #if defined(__CUDACC__)
+// Prefix-LM length of document doc (0 = none): causal attention where every query also sees the
+// keys j < prefix. Causal masks below test key > max(i + off, prefix - 1).
+__device__ __forceinline__ int doc_prefix(const FlashAttentionParams& p, int doc) {
+  return p.prefix_len ? p.prefix_len[doc] : 0;
+}
+
 // The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
 // first, z = document) and the key tiles it visits, n_first .. n_blocks - 1; key j is visible to
 // query i iff j <= i + off (causal, bottom-right aligned) and, with a window, j > i + off - window.
@@ -59,7 +65,7 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
   t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
   t.off = t.len_k - t.len_q;
-  const int n_end = p.causal ? min(t.len_k, t.m0 + kBr + t.off) : t.len_k;
+  const int n_end = p.causal ? min(t.len_k, max(t.m0 + kBr + t.off, doc_prefix(p, doc))) : t.len_k;
   t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
   // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
   t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
@@ -83,7 +89,8 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
   t.n0 = n_block * kBc;
   t.group = p.num_heads_q / p.num_heads_kv;
   t.off = t.len_k - t.len_q;
-  t.m_begin = p.causal ? max(0, t.n0 - t.off) / kBr : 0;
+  // Causal: the queries before these keys see none of them, unless the keys lie in the prefix.
+  t.m_begin = p.causal && t.n0 >= doc_prefix(p, doc) ? max(0, t.n0 - t.off) / kBr : 0;
   int m_end = (t.len_q + kBr - 1) / kBr;
   if (p.window > 0) {  // the last query that sees key n0 + kBc - 1 is n0 + kBc - 2 - off + window
     const int i_last = t.n0 + kBc - 2 - t.off + p.window;
@@ -96,8 +103,8 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
 
 // Deterministic backward: of the key blocks of a document that add into query tile m (kBr rows),
 // the first. Key blocks n_lo(m) .. n - 1 all visit tile m before block n does (the visited range
-// [m_begin, m_end) of bwd_tile grows with the key block), so block n adds its partial after
-// n - n_lo(m) others. Without a window n_lo = 0; with one, n_lo is the first block whose last
+// [m_begin, m_end) of bwd_tile grows with the key block, also with a prefix), so block n adds its
+// partial after n - n_lo(m) others. Without a window n_lo = 0; with one, n_lo is the first block whose last
 // visited query (n0 + kBc - 2 - off + window) reaches row m * kBr.
 template <int kBc, int kBr>
 __device__ __forceinline__ int bwd_first_key_block(const FlashAttentionParams& p, int m, int off) {

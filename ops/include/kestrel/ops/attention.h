@@ -26,9 +26,16 @@ struct AttentionOptions {
   int64_t window = 0;
   // Bit-reproducible backward: dQ summed in a fixed order instead of by atomics (the CUDA kernels;
   // the CPU reference is deterministic either way). Models set it from their deterministic setting.
-  // CUDA: the Hopper backward (sm_90, head_dim <= 128) implements it, a few percent slower; the
-  // mma.sync path (head_dim > 128 or another GPU) refuses it with an error naming the limit.
+  // CUDA: the Hopper backward (sm_90, head_dim <= 128) implements it (cost: bench_flash_attention's
+  // BM_flash_attention_deterministic); the mma.sync path (head_dim > 128 or another GPU) refuses it
+  // with an error naming the limit.
   bool deterministic = false;
+  // Prefix-LM / per-image-bidirectional mask (causal only, no window): i32 [docs] on q's device, the
+  // number of leading keys of each document that every query of the document sees, so the prefix
+  // (an image, a system prompt) attends bidirectionally and the rest causally: key j visible to
+  // query i iff j <= i + len_k - len_q or j < prefix_len[doc]. Undefined = plain causal. Every
+  // kernel (CPU reference, the Hopper and the mma.sync CUDA kernels).
+  Tensor prefix_len;
 };
 
 struct AttentionOutput {

@@ -1,0 +1,245 @@
+// attention with a prefix-LM / per-image-bidirectional mask (AttentionOptions::prefix_len): forward
+// and backward against an independent float64 implementation that builds each document's full
+// [len_q, len_k] score matrix with the mask written from its definition (key j visible to query i
+// iff j <= i + off or j < prefix), gradients also by finite differences in f64; packed documents,
+// prefixes of 0, 1, inside and equal to the document, GQA, cross lengths, dtypes; argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kestrel/autograd/tape.h"
+#include "kestrel/ops/attention.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/reduce.h"
+#include "support/numerics.h"
+
+namespace kestrel {
+namespace {
+using testing::randn;
+
+Tensor cu_from(const std::vector<int64_t>& lens) {
+  std::vector<int64_t> cu{0};
+  for (int64_t l : lens) cu.push_back(cu.back() + l);
+  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
+}
+int64_t total(const std::vector<int64_t>& lens) {
+  int64_t s = 0;
+  for (int64_t l : lens) s += l;
+  return s;
+}
+int64_t max_of(const std::vector<int64_t>& lens) {
+  int64_t m = 0;
+  for (int64_t l : lens) m = std::max(m, l);
+  return m;
+}
+std::vector<double> host_f64(const Tensor& t) {
+  Tensor h = t.to(DType::F64).contiguous();
+  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+}
+// Relative L2 with the reference's RMS floored at 1e-3 (a row that sees one key has dq = dk = 0).
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(b.size())));
+}
+
+// The prefix-LM mask from its definition: causal (bottom-right aligned), plus every key of the
+// document's prefix for every query (the prefix sees itself bidirectionally).
+bool visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int64_t prefix) {
+  const int64_t qi = i + len_k - len_q;  // the query's position in key coordinates
+  return j <= qi || j < prefix;
+}
+
+struct Ref {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// Forward and backward on full matrices: P = softmax(masked S), dP = dO V^T,
+// dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<int64_t>& lq,
+              const std::vector<int64_t>& lk, const std::vector<int64_t>& prefix) {
+  std::vector<double> Q = host_f64(q), K = host_f64(k), V = host_f64(v), dO = host_f64(dout);
+  const int64_t Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2], G = Hq / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Ref r;
+  r.out.assign(Q.size(), 0.0);
+  r.dq.assign(Q.size(), 0.0);
+  r.dk.assign(K.size(), 0.0);
+  r.dv.assign(V.size(), 0.0);
+  r.lse.assign(q.shape()[0] * Hq, -std::numeric_limits<double>::infinity());
+  int64_t q0 = 0, k0 = 0;
+  for (size_t d = 0; d < lq.size(); ++d) {
+    const int64_t nq = lq[d], nk = lk[d];
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / G;
+      auto qv = [&](int64_t i, int64_t c) { return Q[((q0 + i) * Hq + h) * D + c]; };
+      auto kv = [&](int64_t j, int64_t c) { return K[((k0 + j) * Hkv + hk) * D + c]; };
+      auto vv = [&](int64_t j, int64_t c) { return V[((k0 + j) * Hkv + hk) * D + c]; };
+      auto gv = [&](int64_t i, int64_t c) { return dO[((q0 + i) * Hq + h) * D + c]; };
+      std::vector<double> P(nq * nk, 0.0);
+      for (int64_t i = 0; i < nq; ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        std::vector<double> s(nk, -std::numeric_limits<double>::infinity());
+        for (int64_t j = 0; j < nk; ++j) {
+          if (!visible(i, j, nq, nk, prefix[d])) continue;
+          double x = 0;
+          for (int64_t c = 0; c < D; ++c) x += qv(i, c) * kv(j, c);
+          s[j] = x * scale;
+          m = std::max(m, s[j]);
+        }
+        if (std::isinf(m)) continue;
+        double z = 0;
+        for (int64_t j = 0; j < nk; ++j) z += std::exp(s[j] - m);
+        r.lse[(q0 + i) * Hq + h] = m + std::log(z);
+        for (int64_t j = 0; j < nk; ++j) P[i * nk + j] = std::exp(s[j] - m) / z;
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        std::vector<double> dp(nk, 0.0);
+        double rowdot = 0;
+        for (int64_t j = 0; j < nk; ++j) {
+          if (P[i * nk + j] == 0) continue;
+          for (int64_t c = 0; c < D; ++c) {
+            r.out[((q0 + i) * Hq + h) * D + c] += P[i * nk + j] * vv(j, c);
+            dp[j] += gv(i, c) * vv(j, c);
+          }
+          rowdot += dp[j] * P[i * nk + j];
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          const double pij = P[i * nk + j];
+          if (pij == 0) continue;
+          const double ds = pij * (dp[j] - rowdot);
+          for (int64_t c = 0; c < D; ++c) {
+            r.dq[((q0 + i) * Hq + h) * D + c] += scale * ds * kv(j, c);
+            r.dk[((k0 + j) * Hkv + hk) * D + c] += scale * ds * qv(i, c);
+            r.dv[((k0 + j) * Hkv + hk) * D + c] += pij * gv(i, c);
+          }
+        }
+      }
+    }
+    q0 += nq;
+    k0 += nk;
+  }
+  return r;
+}
+
+Tensor prefix_tensor(const std::vector<int64_t>& prefix) {
+  return Tensor::from_vector(prefix, {static_cast<int64_t>(prefix.size())}, DType::I32);
+}
+
+void check(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t Hq, int64_t Hkv, int64_t D,
+           const std::vector<int64_t>& prefix, DType dt) {
+  SCOPED_TRACE(::testing::Message() << "prefix[0]=" << prefix[0] << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
+                                    << " docs=" << lq.size() << " dtype=" << dtype_name(dt));
+  Tensor q = randn({total(lq), Hq, D}, dt).set_requires_grad(true);
+  Tensor k = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor v = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor dout = randn({total(lq), Hq, D}, dt);
+  AttentionOptions o;
+  o.prefix_len = prefix_tensor(prefix);
+  AttentionOutput r = attention(q, k, v, cu_from(lq), cu_from(lk), max_of(lq), max_of(lk), o);
+  autograd::backward(sum(mul(r.out, dout)));
+  Ref ref = reference(q, k, v, dout, lq, lk, prefix);
+  const double tol = dt == DType::F64 ? 1e-11 : 2 * testing::dtype_tolerance(dt);
+  const double gtol = dt == DType::F64 ? 1e-6 : 2 * testing::dtype_tolerance(dt);
+  EXPECT_LT(rel_err(host_f64(r.out), ref.out), tol);
+  EXPECT_LT(rel_err(host_f64(q.grad()), ref.dq), gtol);
+  EXPECT_LT(rel_err(host_f64(k.grad()), ref.dk), gtol);
+  EXPECT_LT(rel_err(host_f64(v.grad()), ref.dv), gtol);
+  std::vector<double> lse = host_f64(r.lse);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i]))) << "row " << i;
+    }
+  }
+}
+
+TEST(AttentionPrefix, PackedDocumentsAgainstFullMatrixReference) {
+  const std::vector<int64_t> lens{37, 1, 64, 5, 100};
+  check(lens, lens, 4, 2, 16, {0, 0, 0, 0, 0}, DType::F64);    // plain causal
+  check(lens, lens, 4, 2, 16, {1, 1, 1, 1, 1}, DType::F64);    // a one-token prefix is plain causal too
+  check(lens, lens, 4, 2, 16, {10, 0, 63, 5, 57}, DType::F64);  // inside, none, whole document
+  check(lens, lens, 4, 2, 16, {37, 1, 64, 5, 100}, DType::F64);  // all bidirectional
+}
+
+TEST(AttentionPrefix, GqaAndDtypes) {
+  const std::vector<int64_t> lens{29, 70, 3};
+  for (auto [hq, hkv] : std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {6, 2}, {4, 4}}) {
+    check(lens, lens, hq, hkv, 8, {7, 33, 2}, DType::F64);
+    check(lens, lens, hq, hkv, 32, {20, 1, 3}, DType::F32);
+  }
+  check(lens, lens, 4, 2, 64, {12, 50, 0}, DType::BF16);
+  check(lens, lens, 4, 1, 64, {29, 9, 1}, DType::F16);
+}
+
+TEST(AttentionPrefix, CrossLengthsBottomRight) {
+  // len_k > len_q (prefix keys seen by every query) and len_q > len_k (rows with no causal key still
+  // see the prefix).
+  check({3, 6, 10}, {40, 4, 10}, 4, 2, 8, {30, 2, 4}, DType::F64);
+  check({12}, {5}, 2, 1, 8, {3}, DType::F64);
+}
+
+TEST(AttentionPrefix, GradcheckF64) {
+  std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>> cases{
+      {{6}, {6}, {3}}, {{1, 5, 9}, {1, 5, 9}, {1, 2, 6}}, {{3, 4}, {7, 2}, {5, 0}}};
+  for (const auto& [lq, lk, pre] : cases) {
+    SCOPED_TRACE(::testing::Message() << "docs=" << lq.size());
+    Tensor cq = cu_from(lq), ck = cu_from(lk);
+    AttentionOptions o;
+    o.prefix_len = prefix_tensor(pre);
+    EXPECT_TRUE(testing::gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return attention(in[0], in[1], in[2], cq, ck, max_of(lq), max_of(lk), o).out;
+        },
+        {randn({total(lq), 4, 3}, DType::F64), randn({total(lk), 2, 3}, DType::F64),
+         randn({total(lk), 2, 3}, DType::F64)}));
+  }
+}
+
+TEST(AttentionPrefix, WholeDocumentPrefixIsBidirectional) {
+  Tensor q = randn({30, 4, 16}), k = randn({30, 2, 16}), v = randn({30, 2, 16});
+  Tensor cu = cu_from({12, 18});
+  AttentionOptions pre;
+  pre.prefix_len = prefix_tensor({12, 18});
+  AttentionOptions bidir;
+  bidir.causal = false;
+  EXPECT_EQ(testing::rel_l2(attention(q, k, v, cu, 18, pre), attention(q, k, v, cu, 18, bidir)), 0.0);
+}
+
+TEST(AttentionPrefix, Errors) {
+  Tensor q = randn({6, 4, 8}), k = randn({6, 2, 8}), v = randn({6, 2, 8});
+  auto expect_error = [&](const AttentionOptions& o, const std::string& what) {
+    try {
+      attention(q, k, v, cu_from({2, 4}), 4, o);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  AttentionOptions o;
+  o.prefix_len = prefix_tensor({1, 2});
+  o.causal = false;
+  expect_error(o, "prefix_len (a prefix-LM mask) needs causal = true");
+  o.causal = true;
+  o.window = 2;
+  expect_error(o, "prefix_len and a sliding window");
+  o.window = 0;
+  o.prefix_len = prefix_tensor({1});
+  expect_error(o, "prefix_len must be i32 [docs]");
+  o.prefix_len = prefix_tensor({3, 2});
+  expect_error(o, "prefix_len[0] = 3 must be in [0, len_k = 2]");
+  o.prefix_len = prefix_tensor({2, 4});
+  EXPECT_NO_THROW(attention(q, k, v, cu_from({2, 4}), 4, o));
+}
+
+}  // namespace
+}  // namespace kestrel
