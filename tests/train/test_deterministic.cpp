@@ -41,6 +41,13 @@ TEST(Deterministic, ConfigKeyIsATypedBoolean) {
     apply_override(c, "train.deterministic=1");
   });
   kestrel::testing::expect_has(msg, {"train.deterministic", "boolean"});
+  // The example config (the 1.5B at 8k, deterministic) resolves with it on.
+  const fs::path example = fs::path(__FILE__).parent_path() / ".." / ".." / "configs" / "llama_1b5_8k_deterministic.json";
+  std::ifstream f(example);
+  ASSERT_TRUE(f.good()) << example;
+  const RunConfig ex = RunConfig::resolve(resolve_train_config(json::parse(f), example.string()));
+  EXPECT_TRUE(ex.deterministic);
+  EXPECT_TRUE(ex.device.is_cuda());
 }
 
 TEST(Deterministic, TheSettingReachesEveryModelOfTheTask) {
