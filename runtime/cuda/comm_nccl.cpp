@@ -59,6 +59,7 @@ struct NcclApi {
   decltype(&ncclReduceScatter) ReduceScatter = nullptr;
   decltype(&ncclAllGather) AllGather = nullptr;
   decltype(&ncclBroadcast) Broadcast = nullptr;
+  decltype(&ncclReduce) Reduce = nullptr;
   decltype(&ncclGetErrorString) GetErrorString = nullptr;
   decltype(&ncclGetLastError) GetLastError = nullptr;
 };
@@ -87,6 +88,7 @@ NcclApi load_nccl() {
   resolve(lib, a.ReduceScatter, "ncclReduceScatter");
   resolve(lib, a.AllGather, "ncclAllGather");
   resolve(lib, a.Broadcast, "ncclBroadcast");
+  resolve(lib, a.Reduce, "ncclReduce");
   resolve(lib, a.GetErrorString, "ncclGetErrorString");
   resolve(lib, a.GetLastError, "ncclGetLastError");
   return a;  // the library stays open for the process's life
@@ -214,6 +216,15 @@ class NcclCommunicator final : public Communicator {
     auto s = begin({&t});
     KESTREL_NCCL_CHECK(nccl().Broadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_));
     end("broadcast");
+  }
+
+  void reduce(Tensor& t, int root, ReduceOp op) override {
+    comm_detail::check_tensor("reduce", t, true, Device::cuda(device_));
+    KESTREL_CHECK(root >= 0 && root < world_, "comm", "reduce: root ", root, " is not a rank of a group of ", world_);
+    auto s = begin({&t});
+    KESTREL_NCCL_CHECK(nccl().Reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                                  op == ReduceOp::Avg ? ncclAvg : ncclSum, root, comm_, stream_));
+    end("reduce");
   }
 
   // A one-element all-reduce, then a bounded host wait for the comm stream.

@@ -159,6 +159,14 @@ class InProcessCommunicator final : public Communicator {
     rv_->arrive(rank_, "broadcast");
   }
 
+  void reduce(Tensor& t, int root, ReduceOp op) override {
+    comm_detail::check_tensor("reduce", t, true, Device::cpu());
+    KESTREL_CHECK(root >= 0 && root < world_size(), "comm", "reduce: root ", root, " is not a rank of a group of ",
+                  world_size());
+    // Only the root copies the result out (the others' tensors keep their inputs).
+    reduce("reduce", t.data_ptr(), t.data_ptr(), t.dtype(), t.numel(), rank_ == root ? t.numel() : 0, 0, op);
+  }
+
   void barrier() override {
     publish("barrier", DType::U8, 0, 0, nullptr, nullptr);
     rv_->arrive(rank_, "barrier");

@@ -157,6 +157,23 @@ TEST(InProcessComm, ReduceScatterAllGatherBroadcastBarrier) {
   }
 }
 
+TEST(InProcessComm, ReduceGivesTheRootTheReductionAndLeavesTheOthers) {
+  std::mt19937_64 rng(fresh_seed());
+  for (Case c : {Case{1, 3}, Case{2, 5}, Case{3, 37}, Case{4, 129}, Case{5, 2}}) {
+    const int w = c.world;
+    for (DType dt : {DType::F32, DType::BF16}) {
+      auto in = random_inputs(w, c.n, dt, rng);
+      const int root = static_cast<int>(rng() % static_cast<uint64_t>(w));
+      std::vector<Tensor> got(w);
+      for (int r = 0; r < w; ++r) got[r] = in[r].clone();
+      expect_no_errors(run_ranks(w, [&](Communicator& comm) { comm.reduce(got[comm.rank()], root, ReduceOp::Avg); }));
+      expect_bitwise(got[root], serial_reduce(in, ReduceOp::Avg), "reduce root " + std::to_string(root));
+      for (int r = 0; r < w; ++r)
+        if (r != root) expect_bitwise(got[r], in[r], "reduce non-root " + std::to_string(r));
+    }
+  }
+}
+
 TEST(InProcessComm, ManyCollectivesBackToBackStayConsistent) {
   // Rounds of different sizes reuse the group's scratch: no rank may see another round's values.
   std::mt19937_64 rng(fresh_seed());

@@ -56,8 +56,11 @@ void remove_by_rename(const fs::path& root, const fs::path& dir) {
 }
 
 void check_space(const fs::path& root, int64_t step, const models::ParameterList& params, const AdamW& optim,
-                 OptimizerStateForm form) {
-  const uint64_t need = checkpoint_bytes(params, optim, form);
+                 OptimizerStateForm form, int shards = 1) {
+  // Sharded state: the other ranks' shards are about the size of this one (ownership is balanced).
+  const uint64_t need = checkpoint_bytes(params, optim, form) +
+                        (checkpoint_bytes(params, optim, form) - checkpoint_bytes(params, optim, OptimizerStateForm::None)) *
+                            static_cast<uint64_t>(shards - 1);
   const uint64_t margin = kSpaceMarginBytes + need / 100;
   const uint64_t avail = available_space(root);
   if (avail >= need + margin) return;
@@ -151,9 +154,65 @@ uint64_t checkpoint_bytes(const models::ParameterList& params, const AdamW& opti
   return bytes + (uint64_t{1} << 20);  // trainer_state.json (the config), manifest, index
 }
 
+std::string optimizer_shard_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-%05d-of-%05d.safetensors", rank, world);
+  return buf;
+}
+
+namespace {
+// The ZeRO form of save_checkpoint (checkpoint_io.h): three phases separated by barriers.
+std::string save_checkpoint_sharded(const std::string& out_dir, int64_t step, uint64_t data_position,
+                                    const models::ParameterList& params, const AdamW& optim, const json& config,
+                                    int64_t keep, OptimizerStateForm form, Communicator& comm) {
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  const std::string name = checkpoint_step_name(step);
+  const fs::path final_dir = root / name, tmp = hidden(root, name, ".tmp");
+  const bool writer = comm.rank() == 0;
+  try {
+    try {
+      if (writer) {
+        fs::create_directories(root);
+        check_space(root, step, params, optim, form, comm.world_size());
+        fs::remove_all(tmp);
+        fs::create_directories(tmp);
+        models::save_safetensors(params, tmp.string());
+      }
+      comm.barrier();  // the folder exists
+      if (form != OptimizerStateForm::None)
+        write_optimizer_state(tmp / optimizer_shard_name(comm.rank(), comm.world_size()), optim, form);
+      comm.barrier();  // every shard is written
+      if (writer) {
+        json st{{"step", step},
+                {"data_position", data_position},
+                {"optimizer_steps", optim.steps()},
+                {"optimizer_state", optimizer_state_form_name(form)},
+                {"config", config}};
+        models::write_json_file((tmp / "trainer_state.json").string(), st, "checkpoint");
+        write_checkpoint_manifest(tmp.string(), step, data_position, optimizer_state_form_name(form));
+        models::fsync_directory(tmp.string(), "checkpoint");
+      }
+    } catch (const std::exception& e) {
+      comm.abort(e.what());  // the other ranks fail at the next barrier with this message
+      throw;
+    }
+  } catch (...) {
+    std::error_code ec;
+    if (writer) fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (writer) {
+    put_in_place(root, tmp, final_dir);
+    prune(root, keep, final_dir);
+  }
+  return final_dir.string();
+}
+}  // namespace
+
 std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
                             const models::ParameterList& params, const AdamW& optim, const json& config,
-                            int64_t keep, OptimizerStateForm form) {
+                            int64_t keep, OptimizerStateForm form, Communicator* shards) {
+  if (shards) return save_checkpoint_sharded(out_dir, step, data_position, params, optim, config, keep, form, *shards);
   fs::path root = fs::path(out_dir) / "checkpoints";
   fs::create_directories(root);
   check_space(root, step, params, optim, form);
@@ -211,15 +270,31 @@ void load_checkpoint(const std::string& dir, const CheckpointState& cs, const mo
     optim.load_state(tensors, 0);
     return;
   }
-  models::SafetensorsReader r = models::SafetensorsReader::open((fs::path(dir) / "optimizer.safetensors").string());
+  // optimizer.safetensors, or the ZeRO shards (any number: the names say which parameter each
+  // tensor belongs to, so this rank takes what its AdamW holds wherever it was written).
+  std::vector<fs::path> files;
+  if (fs::exists(fs::path(dir) / "optimizer.safetensors")) {
+    files.push_back(fs::path(dir) / "optimizer.safetensors");
+  } else {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("optimizer-", 0) == 0) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  }
   std::map<std::string, DType> want;
   for (auto& [name, t] : optim.state()) want[name] = t.dtype();
-  for (const std::string& n : r.names()) {
-    const models::SafetensorsEntry& e = r.get(n);
-    Tensor t = Tensor::from_blob(const_cast<std::byte*>(e.bytes.data()), Shape(e.shape.begin(), e.shape.end()),
-                                 e.dtype, Device::cpu());
-    auto it = want.find(n);
-    tensors[n] = it != want.end() && it->second != t.dtype() ? t.to(it->second) : t;
+  std::vector<models::SafetensorsReader> readers;  // the mapped files outlive the tensors viewing them
+  readers.reserve(files.size());
+  for (const fs::path& f : files) {
+    readers.push_back(models::SafetensorsReader::open(f.string()));
+    const models::SafetensorsReader& r = readers.back();
+    for (const std::string& n : r.names()) {
+      auto it = want.find(n);
+      if (it == want.end()) continue;  // another rank's shard
+      const models::SafetensorsEntry& e = r.get(n);
+      Tensor t = Tensor::from_blob(const_cast<std::byte*>(e.bytes.data()), Shape(e.shape.begin(), e.shape.end()),
+                                   e.dtype, Device::cpu());
+      tensors[n] = it->second != t.dtype() ? t.to(it->second) : t;
+    }
   }
   optim.load_state(tensors, cs.optimizer_steps);
 }

@@ -2,7 +2,10 @@
 // model.safetensors (HF names; shards + index when large), optimizer.safetensors (absent with
 // checkpoint_optimizer_state "none"), trainer_state.json (step, data position, optimizer steps and
 // the run's config) and manifest.json (size and XXH64 of every other file, step, data position,
-// optimizer-state form), written last.
+// optimizer-state form), written last. With ZeRO (distributed.zero > 0 on W ranks) the optimizer
+// state is one file per rank instead, optimizer-RRRRR-of-WWWWW.safetensors, each holding the state
+// of the parameters that rank owns under the same names; a loader reads whichever form is there and
+// takes the names its AdamW holds, so a resume onto another world size or stage reshards.
 //
 // Policy:
 // - Writing: the disk space the checkpoint needs is checked first (nothing is written when it does
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "kestrel/models/parameters.h"
+#include "kestrel/runtime/communicator.h"
 #include "kestrel/train/optimizer.h"
 
 namespace kestrel::train {
@@ -41,9 +45,18 @@ uint64_t checkpoint_bytes(const models::ParameterList& params, const AdamW& opti
 // Writes the checkpoint for `step`, then prunes the oldest checkpoints beyond `keep` (0 = keep all).
 // `data_position`: the index of the next micro-batch the model consumes (not one a prefetcher may
 // already have prepared). Throws before writing anything when the disk lacks the space.
+// `shards` (ZeRO): every rank of the group calls this with its own AdamW; rank 0 checks the space
+// (its shard's bytes times the world size), makes the hidden folder and writes the model, every rank
+// writes its optimizer file into it, and rank 0 writes the trainer state and the manifest (which
+// hashes every rank's file; out_dir must be one filesystem all ranks see) and renames the folder
+// into place, with a barrier between the phases. A rank that fails aborts the group with its error.
 std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
                             const models::ParameterList& params, const AdamW& optim, const nlohmann::json& config,
-                            int64_t keep, OptimizerStateForm form = OptimizerStateForm::Full);
+                            int64_t keep, OptimizerStateForm form = OptimizerStateForm::Full,
+                            Communicator* shards = nullptr);
+
+// "optimizer-00003-of-00008.safetensors" for rank 3 of 8.
+std::string optimizer_shard_name(int rank, int world);
 
 // "" when `dir` is an intact checkpoint, else what is wrong with it (naming the file or field).
 std::string verify_checkpoint(const std::string& dir);
@@ -57,7 +70,8 @@ struct CheckpointState {
 };
 // Reads trainer_state.json and the manifest of a verified checkpoint.
 CheckpointState read_checkpoint_state(const std::string& dir);
-// Loads the model and the optimizer state of a verified checkpoint. With the "none" form the
+// Loads the model and the optimizer state of a verified checkpoint (optimizer.safetensors or its
+// per-rank shards, whatever their number: `optim` takes the names it holds). With the "none" form the
 // optimizer restarts (zero moments, master copies from the loaded weights, step 0); with "bf16" the
 // state is widened back to the optimizer's dtypes.
 void load_checkpoint(const std::string& dir, const CheckpointState& state, const models::ParameterList& params,

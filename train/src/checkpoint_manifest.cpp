@@ -72,8 +72,23 @@ std::string verify_or_throw(const fs::path& dir) {
     if (n != "manifest.json" && !files.contains(n)) return n + " is not in the manifest";
   }
   const std::string form = m.at("optimizer_state").get<std::string>();
-  for (const char* need : {"trainer_state.json", form == "none" ? "" : "optimizer.safetensors"})
-    if (*need && !files.contains(need)) return std::string(need) + " is not in the manifest";
+  if (!files.contains("trainer_state.json")) return "trainer_state.json is not in the manifest";
+  if (form != "none" && !files.contains("optimizer.safetensors")) {
+    // ZeRO: optimizer-RRRRR-of-WWWWW.safetensors, all W of them and nothing else.
+    int world = 0, found = 0;
+    for (auto it = files.begin(); it != files.end(); ++it) {
+      int r = -1, w = -1;
+      char tail[32] = {0};
+      if (std::sscanf(it.key().c_str(), "optimizer-%5d-of-%5d.%31s", &r, &w, tail) != 3) continue;
+      if (std::string(tail) != "safetensors" || w < 1 || r < 0 || r >= w || (world != 0 && w != world))
+        return "manifest.json lists '" + it.key() + "', which is not a shard of one optimizer-*-of-* set";
+      world = w;
+      ++found;
+    }
+    if (world == 0) return "neither optimizer.safetensors nor optimizer shards are in the manifest";
+    if (found != world)
+      return "the manifest lists " + std::to_string(found) + " of the " + std::to_string(world) + " optimizer shards";
+  }
   if (!files.contains("model.safetensors") && !files.contains("model.safetensors.index.json"))
     return "neither model.safetensors nor model.safetensors.index.json is in the manifest";
   if (files.contains("model.safetensors.index.json")) {
@@ -122,7 +137,10 @@ bool not_compared(const std::string& key) {
       // Where the gradients wait for the update (the same values; the norm is summed on the host).
       "optimizer.gradients",
       // Where bytes live (memory.matmul_tf32 changes f32 GEMMs, so it is compared).
-      "memory.pinned_limit", "memory.offload_inflight", "memory.allocator"};
+      "memory.pinned_limit", "memory.offload_inflight", "memory.allocator",
+      // How the ranks share the work (the world size is not in the config either): ZeRO stages give
+      // stage 0's update (stage 2's clip norm summed in another order), buckets the same means.
+      "distributed"};
   for (std::string k = key;;) {
     if (keys.count(k)) return true;
     size_t dot = k.rfind('.');

@@ -7,11 +7,16 @@
 
 namespace kestrel::train {
 
-GradientAllReduce::GradientAllReduce(models::ParameterList& params, Communicator& comm, int64_t bucket_bytes)
+GradientAllReduce::GradientAllReduce(models::ParameterList& params, Communicator& comm, int64_t bucket_bytes,
+                                     std::vector<int> owners)
     : comm_(comm), bucket_bytes_(bucket_bytes) {
   KESTREL_CHECK(bucket_bytes > 0, "data_parallel", "the bucket size must be positive, got ", bucket_bytes);
+  KESTREL_CHECK(owners.empty() || owners.size() == params.size(), "data_parallel", "owners for ", owners.size(),
+                " parameters, the list has ", params.size());
+  size_t i = 0;
   for (auto& [name, p] : params.items()) {
     Tensor* param = p;
+    if (!owners.empty()) owner_of_[param] = owners[i++];
     if (!param->requires_grad()) continue;
     autograd::add_grad_ready_hook(*param, [this, param](Tensor&, Tensor& grad) { on_ready(param, grad); });
   }
@@ -19,7 +24,9 @@ GradientAllReduce::GradientAllReduce(models::ParameterList& params, Communicator
 
 void GradientAllReduce::on_ready(Tensor* param, const Tensor& grad) {
   if (!armed_ || !grad.defined()) return;
-  if (!open_.params.empty() && open_.params.front()->grad().dtype() != grad.dtype()) launch();
+  const int owner = owner_of_.empty() ? -1 : owner_of_.at(param);
+  if (!open_.params.empty() && (open_.params.front()->grad().dtype() != grad.dtype() || open_.owner != owner)) launch();
+  open_.owner = owner;
   open_.params.push_back(param);
   open_.bytes += static_cast<int64_t>(grad.nbytes());
   if (open_.bytes >= bucket_bytes_) launch();
@@ -38,8 +45,19 @@ void GradientAllReduce::launch() {
     open_.flat.narrow_view(0, at, g.numel()).view(g.shape()).copy_(g);
     at += g.numel();
   }
-  comm_.all_reduce(open_.flat, ReduceOp::Avg);
   ++launched_;
+  if (open_.owner < 0) {
+    comm_.all_reduce(open_.flat, ReduceOp::Avg);
+  } else {
+    comm_.reduce(open_.flat, open_.owner, ReduceOp::Avg);
+    if (open_.owner != comm_.rank()) {
+      // ZeRO-2: not ours; the gradients and the flat copy go now (on NCCL the comm stream holds the
+      // flat block by record_stream until the reduce has read it).
+      for (Tensor* p : open_.params) p->zero_grad();
+      open_ = Bucket{};
+      return;
+    }
+  }
   in_flight_.push_back(std::move(open_));
   open_ = Bucket{};
 }
@@ -101,9 +119,10 @@ std::shared_ptr<Communicator> connect_data_parallel(const nlohmann::json& cfg, D
 DataShard check_data_parallel(const nlohmann::json& cfg, const Communicator* comm, int64_t batch_size,
                               bool step_in_backward, bool gradients_on_host) {
   const nlohmann::json& d = cfg["distributed"];
-  KESTREL_CHECK(d["zero"].get<int64_t>() == 0, "train", "distributed.zero=", d["zero"].dump(),
-                ": ZeRO sharding of optimizer state and gradients is not built yet; use 0 (every rank keeps "
-                "the whole optimizer state)");
+  const int64_t zero = d["zero"].get<int64_t>();
+  KESTREL_CHECK(zero >= 0 && zero <= 2, "train", "distributed.zero must be 0 (every rank keeps the whole optimizer "
+                "state), 1 (optimizer state sharded) or 2 (optimizer state and gradients sharded), got ", d["zero"].dump(),
+                " (ZeRO-3, sharded parameters, is not built)");
   KESTREL_CHECK(d["bucket_mib"].get<double>() > 0, "train", "distributed.bucket_mib must be positive");
   comm_options(cfg);
   DataShard s;

@@ -12,9 +12,13 @@
 //   (Communicator::wait) and copies the averages back into the gradients. The flat buffers are
 //   tag Gradient and live from their launch to finish(): at most one extra copy of the gradients;
 // - a parameter without a gradient on this backward is skipped; every rank must agree on that
-//   (the same model on the same shapes does), else the collectives' checks fail naming the sizes.
+//   (the same model on the same shapes does), else the collectives' checks fail naming the sizes;
+// - ZeRO-2 (`owners` given, zero.h): a bucket also closes where the owner changes, is reduced to
+//   its owner only, and on the other ranks its gradients (and its flat buffer) are dropped as soon
+//   as it is issued; finish() copies back only the owned buckets.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -35,7 +39,9 @@ struct DataShard {
 
 class GradientAllReduce {
  public:
-  GradientAllReduce(models::ParameterList& params, Communicator& comm, int64_t bucket_bytes);
+  // `owners` (one rank per parameter, list order; empty: all-reduce every bucket) selects ZeRO-2.
+  GradientAllReduce(models::ParameterList& params, Communicator& comm, int64_t bucket_bytes,
+                    std::vector<int> owners = {});
   GradientAllReduce(const GradientAllReduce&) = delete;
   GradientAllReduce& operator=(const GradientAllReduce&) = delete;
 
@@ -48,12 +54,14 @@ class GradientAllReduce {
     std::vector<Tensor*> params;
     Tensor flat;  // the bucket's gradients, reduced in place
     int64_t bytes = 0;
+    int owner = -1;  // ZeRO-2: the rank the bucket is reduced to
   };
   void on_ready(Tensor* param, const Tensor& grad);
   void launch();
 
   Communicator& comm_;
   int64_t bucket_bytes_;
+  std::map<const Tensor*, int> owner_of_;  // ZeRO-2 only
   bool armed_ = false;
   Bucket open_;
   std::vector<Bucket> in_flight_;
@@ -75,9 +83,9 @@ void broadcast_parameters(models::ParameterList& params, Communicator& comm);
 // multi-process launch. Null for a single process without NCCL. Errors name the setting.
 std::shared_ptr<Communicator> connect_data_parallel(const nlohmann::json& cfg, Device device);
 
-// Checks distributed.* against the run (refusals name what is not built: distributed.zero > 0,
-// step_in_backward, gradients on the host, a batch that does not split evenly) and returns the
-// rank's data shard (world 1 without a communicator).
+// Checks distributed.* against the run (refusals name what is not built: distributed.zero outside
+// 0..2, step_in_backward, gradients on the host, a batch that does not split evenly) and returns
+// the rank's data shard (world 1 without a communicator).
 DataShard check_data_parallel(const nlohmann::json& cfg, const Communicator* comm, int64_t batch_size,
                               bool step_in_backward, bool gradients_on_host);
 

@@ -28,6 +28,7 @@
 #include "batch_prefetcher.h"
 #include "checkpoint_io.h"
 #include "data_parallel.h"
+#include "zero.h"
 #include "gradient_stream.h"
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
@@ -74,6 +75,9 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> comm;             // data parallelism (null: one rank)
   std::unique_ptr<GradientAllReduce> grad_reduce;  // with a communicator
   DataShard shard;
+  int zero = 0;                 // distributed.zero with a communicator (zero.h)
+  std::vector<int> owners;      // ZeRO: the owning rank of each parameter
+  models::ParameterList owned;  // ZeRO: the parameters this rank's AdamW steps
   bool writer() const { return shard.rank == 0; }  // checkpoints, metrics, reports
   double grad_clip;
   std::string out_dir;
@@ -172,7 +176,12 @@ struct Trainer::Impl {
     shard = check_data_parallel(cfg, comm.get(), batch_size, placement.step_in_backward,
                                 cfg["optimizer"]["gradients"] == "host");
     if (comm) broadcast_parameters(task->parameters(), *comm);
-    optim = std::make_unique<AdamW>(task->parameters(), ao, placement);
+    if (comm) zero = static_cast<int>(cfg["distributed"]["zero"].get<int64_t>());
+    if (zero > 0) {  // this rank's AdamW holds the state of the parameters it owns only
+      owners = assign_parameter_owners(task->parameters(), comm->world_size());
+      owned = owned_parameters(task->parameters(), owners, comm->rank());
+    }
+    optim = std::make_unique<AdamW>(zero > 0 ? owned : task->parameters(), ao, placement);
     step_in_backward = placement.step_in_backward;
     // optimizer.gradients "host": each gradient leaves the device as backward completes it.
     const std::string grads_at = cfg["optimizer"]["gradients"];
@@ -195,10 +204,13 @@ struct Trainer::Impl {
     // This rank trains on rows [rank, rank + 1) / world of each global micro-batch.
     if (comm) {  // world size > 1, or NCCL asked for by name (the same path at world size 1)
       grad_reduce = std::make_unique<GradientAllReduce>(
-          task->parameters(), *comm, static_cast<int64_t>(cfg["distributed"]["bucket_mib"].get<double>() * (1 << 20)));
+          task->parameters(), *comm, static_cast<int64_t>(cfg["distributed"]["bucket_mib"].get<double>() * (1 << 20)),
+          zero == 2 ? owners : std::vector<int>{});
       log("data parallel: rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world) + " (" +
           comm->backend() + "), " + std::to_string(batch_size / shard.world) + " rows of each micro-batch of " +
-          std::to_string(batch_size));
+          std::to_string(batch_size) + (zero > 0 ? ", ZeRO-" + std::to_string(zero) + ": AdamW state for " +
+          std::to_string(owned.size()) + " of " + std::to_string(task->parameters().size()) + " parameters (" +
+          std::to_string(owned.numel()) + " of " + std::to_string(task->parameters().numel()) + " elements)" : ""));
     }
     const int64_t depth = cfg["prefetch"];
     KESTREL_CHECK(depth >= 0 && depth <= 64, "train", "prefetch must lie in [0, 64], got ", depth);
@@ -284,6 +296,12 @@ struct Trainer::Impl {
           const Tensor& h = grad_stream->gradients()[i++];
           if (h.defined()) p->set_grad(h);
         }
+      } else if (zero == 2) {
+        // Each rank holds its own parameters' gradients: the norm from the ranks' partials.
+        std::vector<Tensor> grads;
+        for (auto& [name, p] : owned.items())
+          if (p->grad().defined()) grads.push_back(p->grad());
+        gnorm = clip_sharded_grad_norm(grads, grad_clip, *comm, dev);
       } else {
         std::vector<Tensor> grads;
         for (auto& [name, p] : task->parameters().items())
@@ -293,6 +311,9 @@ struct Trainer::Impl {
       // train.nonfinite "skip": read loss and norm now (a host sync) so a bad step changes nothing.
       last_step_skipped = nonfinite_skip && !(std::isfinite(loss_sum.item()) && std::isfinite(gnorm.item()));
       if (!last_step_skipped) optim->step(schedule.at(step + 1));
+      // ZeRO: each parameter from the rank that updated it (every rank agrees on a skip: the loss
+      // and the norm are global).
+      if (zero > 0 && !last_step_skipped) gather_parameters(task->parameters(), owners, *comm);
       task->parameters().zero_grad();
       if (grad_stream) grad_stream->clear();
     }
@@ -628,7 +649,12 @@ TrainSummary Trainer::run() {
       }
     }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
-      if (I.writer()) {
+      if (I.zero > 0) {  // every rank writes its optimizer shard (a failing rank aborts the group)
+        std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
+                                          keep, I.checkpoint_form, I.comm.get());
+        I.last_checkpoint = dir;
+        I.log("checkpoint " + dir);
+      } else if (I.writer()) {
         std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
                                           keep, I.checkpoint_form);
         I.last_checkpoint = dir;

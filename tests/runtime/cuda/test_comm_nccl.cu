@@ -70,6 +70,10 @@ TEST(NcclComm, WorldOfOneCollectivesAreTheIdentity) {
         comm->reduce_scatter(x, rs, op);
         comm->wait();
         EXPECT_TRUE(same_bytes(rs, x));
+        Tensor red = x.clone();
+        comm->reduce(red, 0, op);
+        comm->wait();
+        EXPECT_TRUE(same_bytes(red, x));
       }
       Tensor ag = Tensor::zeros({n}, dt, kGpu);
       comm->all_gather(x, ag);

@@ -46,6 +46,13 @@ class Communicator {
   virtual void all_gather(const Tensor& input, Tensor& output) = 0;
   // Every rank's `t` becomes root's.
   virtual void broadcast(Tensor& t, int root) = 0;
+  // In place on `root`: its `t` becomes the sum (or mean) over the ranks; the other ranks' `t` is
+  // unspecified afterwards (NCCL leaves it, the in-process backend and this default all-reduce).
+  // ZeRO-2 reduces each gradient bucket to the rank that owns its parameters.
+  virtual void reduce(Tensor& t, int root, ReduceOp op) {
+    (void)root;
+    all_reduce(t, op);
+  }
   virtual void barrier() = 0;
   // Orders the caller's compute stream after every collective issued so far (a no-op where the
   // collectives are synchronous, as in the in-process backend).
