@@ -41,6 +41,8 @@ json variant(const std::string& name, const std::string& dir) {
     // 300 ids over 4 x 512 tokens: every id repeats many times per micro-batch.
     cfg = testing::tiny_decoder_run(dir, text, 600, 40, 512, 4, "cuda");
     cfg["train"]["grad_accum"] = 2;
+    cfg["train"]["lr"] = 3e-3;
+    cfg["train"]["warmup_steps"] = 2;
     if (name == "decoder_recompute") {
       cfg["recompute"] = "recompute";
       cfg["mlp_tile_tokens"] = 512;
