@@ -33,7 +33,7 @@ extra=()
 for kv in ${DET_SET:-}; do extra+=(--set "$kv"); done
 
 [ -x "$B/test_ops_cuda" ] && "$B/test_ops_cuda" --gtest_brief=1 \
-  --gtest_filter='DeterministicCuda*:CudaParity.EmbeddingBackwardDeterministic' 2>&1 | tail -n 12
+  --gtest_filter='DeterministicCuda*:CudaParity.EmbeddingBackwardDeterministic:FlashAttention*Deterministic*' 2>&1 | tail -n 12
 [ -x "$B/test_train_cuda" ] && "$B/test_train_cuda" --gtest_brief=1 --gtest_filter='DeterministicTrainingCuda*' 2>&1 | tail -n 12
 
 labels=()
