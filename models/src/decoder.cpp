@@ -16,6 +16,8 @@
 
 namespace kestrel::models {
 
+const char* layer_recompute_name(LayerRecompute r) { return r == LayerRecompute::Selective ? "selective" : "full"; }
+
 Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t seed, const std::string& prefix)
     : config_(config), dtype_(dtype), device_(device), prefix_(prefix) {
   config_.validate();
@@ -140,6 +142,7 @@ Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd
   Tensor h = embeds;
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     autograd::RecomputeOptions ro{policy, "decoder.layer." + std::to_string(l)};
+    if (layer_recompute_ == LayerRecompute::Selective) ro.keep_outputs_of = {"attention"};
     h = autograd::recompute(
         [this, batch, l](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_forward(l, in[0], batch)}; },
                             {h}, ro)[0];

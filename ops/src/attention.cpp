@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
 
 namespace kestrel {
@@ -89,9 +90,20 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();
   AttentionOutput r;
-  r.out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [total_q, Hq, D]
-  r.lse = Tensor::empty({q.shape()[0], Hq}, DType::F32, q.device());  // [total_q, Hq]
-  if (q.numel() > 0) kernels::dispatch(kernels::attention_forward, kOp, q.device(), r.out, r.lse, qc, kc, vc, cq, ck, p);
+  if (auto kept = ag::reuse_kept_outputs(kOp)) {
+    // The backward re-run of a selective recompute region (kestrel/autograd/recompute.h): the
+    // forward kept out and lse, so the kernel does not run again; the entry below saves them.
+    const Shape lse_shape{q.shape()[0], Hq};
+    KESTREL_CHECK(kept->size() == 2 && (*kept)[0].shape() == q.shape() && (*kept)[1].shape() == lse_shape, kOp,
+                  "kept outputs do not match q ", q.str());
+    r.out = (*kept)[0];
+    r.lse = (*kept)[1];
+  } else {
+    r.out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [total_q, Hq, D]
+    r.lse = Tensor::empty({q.shape()[0], Hq}, DType::F32, q.device());  // [total_q, Hq]
+    if (q.numel() > 0) kernels::dispatch(kernels::attention_forward, kOp, q.device(), r.out, r.lse, qc, kc, vc, cq, ck, p);
+    ag::keep_outputs(kOp, {r.out, r.lse});
+  }
 
   if (!ag::should_record({q, k, v})) return r;
   bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();

@@ -3,7 +3,11 @@
 // normalises q and k per head (RMSNorm over head_dim) before rope. RoPE uses the config's table
 // (rope_scaling applied), computed once at construction.
 // Parameters carry Hugging Face names (prefix + "model.layers.N.self_attn.q_proj.weight", ...).
-// Each layer is one recompute region (policy per call).
+// Each layer is one recompute region (policy per call). What a region keeps for its backward is the
+// decoder's recompute mode: Full keeps only the layer input; Selective also keeps the attention
+// output and its log-sum-exp, so the re-run recomputes norms, projections, RoPE and the MLP but
+// never attention (q, k and v are recomputed: attention's backward needs them, and they cost more
+// bytes to keep than the projection GEMMs cost to redo).
 #pragma once
 
 #include <string>
@@ -17,6 +21,13 @@
 #include "kestrel/ops/rope.h"
 
 namespace kestrel::models {
+
+// What each layer's recompute region keeps from its forward (forward() with a policy other than None).
+enum class LayerRecompute {
+  Full,       // the layer input only: backward re-runs the whole layer
+  Selective,  // also attention's output and log-sum-exp: the re-run skips attention
+};
+const char* layer_recompute_name(LayerRecompute r);
 
 struct DecoderLayer {
   Tensor input_layernorm;           // [C]
@@ -71,6 +82,12 @@ class Decoder {
   void set_mlp_tile_tokens(int64_t tokens);
   int64_t mlp_tile_tokens() const { return mlp_tile_tokens_; }
 
+  // What a layer's recompute region keeps (see LayerRecompute); Full by default. Has an effect only
+  // when forward() runs the layers as regions (policy Keep or Offload): Selective with Offload
+  // offloads the kept attention output and log-sum-exp with the layer input.
+  void set_layer_recompute(LayerRecompute r) { layer_recompute_ = r; }
+  LayerRecompute layer_recompute() const { return layer_recompute_; }
+
   // Bit-reproducible training on the GPU: the embedding's backward scatter-add and attention's dQ
   // sum in a fixed order instead of by atomics (kestrel/ops/embedding.h, AttentionOptions). Off by
   // default (the atomics are faster); the CPU is deterministic either way. The trainer sets it from
@@ -90,6 +107,7 @@ class Decoder {
   Tensor lm_head_;  // [V, C] unless tied
   ParameterList params_;
   int64_t mlp_tile_tokens_ = 0;
+  LayerRecompute layer_recompute_ = LayerRecompute::Full;
   bool deterministic_ = false;
 };
 
