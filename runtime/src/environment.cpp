@@ -1,7 +1,8 @@
 // The one place Kestrel reads the environment: its KESTREL_* tunables (memory_config.h lists them),
 // parsed once, at first use, into the defaults that configure_memory, the trainer's config keys and
 // the CPU pool start from; and the launcher's conventions (torchrun / Slurm: rendezvous.h), read at
-// start-up. Nothing else calls getenv, so no hot path does.
+// start-up, and the environment a launcher hands its children (local_launch.h). Nothing else calls
+// getenv, so no hot path does.
 // A malformed value is an error naming the variable ("KESTREL_PINNED_LIMIT: ..."), never ignored.
 #include <algorithm>
 #include <cstdlib>
@@ -9,8 +10,12 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <unistd.h>  // environ
 
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/local_launch.h"
 #include "kestrel/runtime/memory_config.h"
 #include "kestrel/runtime/parse_number.h"
 #include "kestrel/runtime/rendezvous.h"
@@ -47,6 +52,12 @@ const MemoryConfig& default_memory_config() {
 int default_cpu_threads() {
   static const int n = cpu_threads_from_environment([](const char* name) { return std::getenv(name); });
   return n;
+}
+
+std::vector<std::string> process_environment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) out.emplace_back(*e);
+  return out;
 }
 
 LaunchEnv launch_env_from_process() {

@@ -1,9 +1,11 @@
 // kestrel-train --config run.json [--set key=value ...] [--resume latest|DIR] [--allow-config-change]
 //               [--overwrite-out-dir] [--print-config] [--memory-budget 40GiB] [--eval-only]
+//               [--nproc-per-node N]
 // kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...
 // Translates every kestrel::Error into a message and a non-zero exit code.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -13,6 +15,8 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/communicator.h"
+#include "kestrel/runtime/local_launch.h"
 #include "kestrel/runtime/rendezvous.h"
 #include "kestrel/runtime/parse_number.h"
 #include "kestrel/runtime/device.h"
@@ -40,6 +44,9 @@ void usage(FILE* f) {
                "                         deleting them (without it such a start is refused)\n"
                "  --print-config         print the resolved configuration and exit\n"
                "  --eval-only            evaluate (greedy captions) without training\n"
+               "  --nproc-per-node N     start N processes of this command on this host, one per GPU (RANK,\n"
+               "                         WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), wait\n"
+               "                         for them, and end them all when one fails (its exit code and message)\n"
                "  --help                 this text\n"
                "The config's on_cpu / on_cuda objects ({\"train.steps\": 600, ...}) apply on that device;\n"
                "--set wins over them.\n"
@@ -86,6 +93,44 @@ int tokenize_main(int argc, char** argv) {
 }
 }  // namespace
 
+// --nproc-per-node N > 1: N children of this binary with the same arguments but this one, one per
+// GPU over NCCL. There is no backend across processes on the CPU (the in-process one joins threads
+// of one process), so a CPU run, a library without NCCL or too few GPUs is refused before any start.
+int launch_node(int nproc, const nlohmann::json& cfg, int argc, char** argv) {
+  const LaunchEnv env = launch_env_from_process();
+  KESTREL_CHECK(env.world_size == 1, "launch", "--nproc-per-node inside a launched process (rank ", env.rank, " of ",
+                env.world_size, " from ", env.source, "): use one launcher");
+  KESTREL_CHECK(cfg["distributed"]["backend"] != "none", "launch", "--nproc-per-node ", nproc,
+                " with distributed.backend \"none\": the processes would not talk to each other");
+  const Device dev = train::RunConfig::resolve_device(cfg);
+  KESTREL_CHECK(dev.is_cuda(), "launch", "--nproc-per-node ", nproc, " runs one process per GPU over NCCL, and the "
+                "device is ", dev.str(), ": there is no CPU backend across processes (data parallelism on the CPU "
+                "runs only in-process, as the tests' thread ranks). Run without --nproc-per-node on the CPU");
+  KESTREL_CHECK(nccl_available(), "launch", "--nproc-per-node ", nproc, " needs NCCL, and this library was built "
+                "without it (KESTREL_NCCL=OFF or no NCCL found at configure time)");
+  KESTREL_CHECK(cuda_device_count() >= nproc, "launch", "--nproc-per-node ", nproc, " but this host has ",
+                cuda_device_count(), " CUDA device(s)");
+  LocalLaunchOptions o;
+  o.program = std::filesystem::read_symlink("/proc/self/exe").string();
+  o.nproc = nproc;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc-per-node") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc-per-node=", 0) == 0) continue;
+    o.args.push_back(a);
+  }
+  std::printf("kestrel-train: starting %d processes (ranks 0-%d, one per GPU)\n", nproc, nproc - 1);
+  std::fflush(stdout);
+  const LocalLaunchResult r = launch_local_workers(o);
+  if (r.failed_rank < 0) return 0;
+  std::fprintf(stderr, "kestrel-train: rank %d of %d failed (exit code %d); the other ranks were ended. Its last "
+               "lines:\n%s\n", r.failed_rank, nproc, r.exit_code, r.message.c_str());
+  return r.exit_code == 0 ? 1 : r.exit_code;
+}
+
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "tokenize") == 0) {
     try {
@@ -100,6 +145,7 @@ int main(int argc, char** argv) {
   bool print_config = false, eval_only = false;
   train::ResumeOptions resume_options;
   bool overwrite_out_dir = false;
+  int nproc = 1;  // --nproc-per-node
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto need = [&](const char* what) -> std::string {
@@ -134,9 +180,13 @@ int main(int argc, char** argv) {
     } else if (a == "--print-config") {
       print_config = true;
     } else if (a == "--nproc-per-node" || a.rfind("--nproc-per-node=", 0) == 0) {
-      std::fprintf(stderr, "kestrel-train: --nproc-per-node is not built yet; start one process per GPU with "
-                           "torchrun --no-python --nproc-per-node N kestrel-train ... or srun\n");
-      return 2;
+      const std::string v = a == "--nproc-per-node" ? need("--nproc-per-node") : a.substr(17);
+      try {
+        nproc = static_cast<int>(parse_integer(v, "--nproc-per-node", 1, 4096, "launch"));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "kestrel-train: error: %s\n", e.what());
+        return 2;
+      }
     } else if (a == "--eval-only") {
       eval_only = true;
     } else {
@@ -172,6 +222,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", cfg.dump(2).c_str());
       return 0;
     }
+    if (nproc > 1) return launch_node(nproc, cfg, argc, argv);
     // Building the model and resuming can run out of the budget too: log their allocations so the
     // report of such a failure has the same files as one inside a step.
     const Device dev = train::RunConfig::resolve(cfg).device;
@@ -197,12 +248,16 @@ int main(int argc, char** argv) {
     }
     trace.set_event_logging(false);
     train::Trainer& trainer = *built;
+    const bool rank0 = launch_env_from_process().rank == 0;
     if (!eval_only) {
       train::TrainSummary s = trainer.run();
+      if (rank0) {
       std::printf("trained %lld steps in %.1f s: loss %.4f -> %.4f (%.1f%% of start)\n", static_cast<long long>(s.steps),
                   s.seconds, s.first_loss, s.last_loss, s.first_loss > 0 ? 100.0 * s.last_loss / s.first_loss : 0.0);
       std::printf("memory report: %s\n", s.memory_report_path.c_str());
+      }
     }
+    if (!rank0) return 0;
     train::EvalResult e = trainer.evaluate();
     if (e.samples > 0) std::printf("held-out captions: %.1f%% exactly right (colour %.1f%%, shape %.1f%%, position %.1f%%) over %lld images\n",
                 100 * e.caption_accuracy, 100 * e.colour_accuracy, 100 * e.shape_accuracy, 100 * e.position_accuracy,

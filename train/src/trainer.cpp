@@ -92,11 +92,15 @@ struct Trainer::Impl {
   bool memory_profiling = false;
   MemorySnapshot log_start;
   // Progress lines go to the library's log callback when an embedding app installed one, else stdout.
-  std::function<void(const std::string&)> log = [](const std::string& s) {
+  // Data parallelism: rank 0 logs; the other ranks only warnings, prefixed with their rank.
+  std::function<void(const std::string&)> log = [this](const std::string& s) {
+    const int rank = comm ? comm->rank() : 0;
+    if (rank != 0 && s.rfind("warning", 0) != 0) return;
+    const std::string line = rank != 0 ? "[rank " + std::to_string(rank) + "] " + s : s;
     if (log_callback_installed()) {
-      log_message(LogLevel::Info, "train", s);
+      log_message(LogLevel::Info, "train", line);
     } else {
-      std::printf("%s\n", s.c_str());
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     }
   };
