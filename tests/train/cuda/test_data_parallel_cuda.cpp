@@ -71,6 +71,7 @@ TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRun) {
     cfg["checkpoint_every"] = 3;
     cfg["distributed"]["backend"] = backend;
     cfg["distributed"]["bucket_mib"] = 0.02;  // several buckets in flight per backward
+    cfg["train"]["deterministic"] = true;  // fixed-order backward: plain runs repeat bit for bit
     // The constructor reports the data-parallel set-up before a callback can be installed: capture it.
     ::testing::internal::CaptureStdout();
     Trainer t(cfg);
@@ -83,8 +84,8 @@ TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRun) {
   bool said = false;
   for (const auto& l : logs) said |= l.find("data parallel: rank 0 of 1 (nccl)") != std::string::npos;
   EXPECT_TRUE(said) << "the nccl run did not take the data-parallel path";
-  // The embedding's backward adds with atomics on CUDA, so two plain runs may already differ in the
-  // last bits: the NCCL run must be bitwise equal when they are not, else within their spread.
+  // train.deterministic makes two plain runs bitwise equal, so the NCCL run must be too (were they
+  // not, the NCCL run would be held to their spread).
   const auto [spread, reproducible] = compare_checkpoints(plain, again);
   const auto [diff, same] = compare_checkpoints(plain, nccl);
   std::printf("plain vs plain: %s (largest difference %.3g); plain vs nccl: %s (largest difference %.3g)\n",
