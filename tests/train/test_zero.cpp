@@ -14,6 +14,7 @@
 #include "data_parallel_fixtures.h"
 #include "kestrel/models/safetensors.h"
 #include "support/errors.h"
+#include "kestrel/train/memory_plan.h"
 #include "train/src/zero.h"
 #include "trainer_fixtures.h"
 
@@ -173,6 +174,41 @@ TEST(Zero, CheckpointsHoldOneShardPerRankAndResumeOntoAnotherWorld) {
     }
     expect_same_parameters(final_parameters(out), want, 2e-5);
   }
+}
+
+TEST(Zero, ThePlanIsPerGpu) {
+  // kestrel-mem plan --world-size W: one rank's batch share; ZeRO-1 divides the optimizer state by
+  // W, ZeRO-2 the kept gradients too; the buckets' flat copies are counted.
+  const std::string dir = fresh_temp_dir("kestrel_zero", "plan");
+  nlohmann::json cfg = dp_run(dir, 8, 1);
+  PlanOptions one;
+  const MemoryPlan p1 = plan_memory(cfg, one);
+  const auto tag = [](const MemoryPlan& p, MemoryTag t) { return p.tag_peak[static_cast<int>(t)]; };
+  for (int64_t world : {2, 4, 8}) {
+    PlanOptions po;
+    po.world_size = world;
+    std::map<int, MemoryPlan> by_zero;
+    for (int zero : {0, 1, 2}) {
+      nlohmann::json c = cfg;
+      c["distributed"]["zero"] = zero;
+      by_zero[zero] = plan_memory(c, po);
+      EXPECT_EQ(by_zero[zero].world_size, world);
+      EXPECT_EQ(by_zero[zero].zero, zero);
+      EXPECT_EQ(by_zero[zero].tokens * world, p1.tokens) << "one rank's share of the micro-batch";
+    }
+    const int64_t state = tag(p1, MemoryTag::OptimizerState);
+    EXPECT_EQ(tag(by_zero[0], MemoryTag::OptimizerState), state);
+    EXPECT_NEAR(static_cast<double>(tag(by_zero[1], MemoryTag::OptimizerState)), static_cast<double>(state) / world, 1.0);
+    EXPECT_EQ(tag(by_zero[2], MemoryTag::OptimizerState), tag(by_zero[1], MemoryTag::OptimizerState));
+    EXPECT_EQ(tag(by_zero[1], MemoryTag::Gradient), tag(by_zero[0], MemoryTag::Gradient));
+    EXPECT_LT(tag(by_zero[2], MemoryTag::Gradient), tag(by_zero[1], MemoryTag::Gradient));
+    EXPECT_GT(tag(by_zero[0], MemoryTag::Gradient), tag(p1, MemoryTag::Gradient) / 2) << "the flat copies";
+    EXPECT_LE(by_zero[2].peak, by_zero[1].peak);  // a tiny model peaks in its activations
+    EXPECT_LT(by_zero[1].peak, by_zero[0].peak);
+  }
+  PlanOptions bad;
+  bad.world_size = 3;
+  EXPECT_THROW(plan_memory(cfg, bad), Error);
 }
 
 }  // namespace

@@ -32,14 +32,17 @@ void usage(FILE* f) {
   std::fprintf(f,
                "usage: kestrel-mem profile --config run.json --steps N [--memory-budget SIZE] [--set K=V] --out DIR\n"
                "       kestrel-mem plan --config run.json [--memory-budget SIZE] [--set K=V] [--find-max batch|seq_len]\n"
+               "                        [--world-size N]\n"
                "  profile   run N training steps with memory tracing; write DIR/memory.json, DIR/memory.html\n"
-               "  plan      predict the peak per tag without running; fits / does not fit and the headroom\n");
+               "  plan      predict the peak per tag without running; fits / does not fit and the headroom\n"
+               "            (--world-size N: per GPU of N data-parallel ranks, ZeRO from distributed.zero)\n");
 }
 
 struct Args {
   std::string cmd, config, out, find_max;
   std::vector<std::string> sets;
   int64_t steps = 2;
+  int64_t world_size = 1;  // plan: data-parallel ranks
 };
 
 json load_config(const Args& a) {
@@ -134,7 +137,9 @@ int profile(const Args& a) {
 
 int plan_cmd(const Args& a) {
   json cfg = load_config(a);
-  train::MemoryPlan plan = train::plan_memory(cfg);
+  train::PlanOptions po;
+  po.world_size = a.world_size;
+  train::MemoryPlan plan = train::plan_memory(cfg, po);
   std::printf("%s", plan.table().c_str());
   if (!a.find_max.empty()) {
     KESTREL_CHECK(plan.budget > 0, "kestrel-mem", "--find-max needs a budget (--memory-budget SIZE)");
@@ -153,7 +158,7 @@ int plan_cmd(const Args& a) {
     auto fits = [&](int64_t v) {
       json c = cfg;
       c[section][key] = v;
-      return train::plan_memory(c).fits;
+      return train::plan_memory(c, po).fits;
     };
     int64_t lo = 0, hi = 1;
     while (fits(hi) && hi < (int64_t{1} << 24)) lo = hi, hi *= 2;
@@ -166,7 +171,7 @@ int plan_cmd(const Args& a) {
     else {
       json c = cfg;
       c[section][key] = lo;
-      train::MemoryPlan best = train::plan_memory(c);
+      train::MemoryPlan best = train::plan_memory(c, po);
       std::printf("largest %s that fits: %lld (peak %s + external %s, headroom %s)\n", key.c_str(),
                   static_cast<long long>(lo), format_bytes(best.peak).c_str(), format_bytes(best.external).c_str(),
                   format_bytes(best.headroom).c_str());
@@ -198,6 +203,7 @@ int main(int argc, char** argv) {
     try {
       if (s == "--memory-budget") parse_size(v, "--memory-budget");
       if (s == "--steps") a.steps = parse_integer(v, "--steps", 1, std::numeric_limits<int32_t>::max());
+      if (s == "--world-size") a.world_size = parse_integer(v, "--world-size", 1, 1 << 20);
     } catch (const Error& e) {
       std::fprintf(stderr, "kestrel-mem: error: %s\n", e.what());
       return 2;
@@ -207,7 +213,7 @@ int main(int argc, char** argv) {
     else if (s == "--set") a.sets.push_back(v);
     else if (s == "--memory-budget") a.sets.push_back("memory_budget=" + v);
     else if (s == "--find-max") a.find_max = v;
-    else if (s == "--steps") continue;
+    else if (s == "--steps" || s == "--world-size") continue;
     else {
       std::fprintf(stderr, "kestrel-mem: unknown argument '%s'\n", s.c_str());
       usage(stderr);

@@ -382,7 +382,14 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const DType dtype = run.dtype;
   const RecomputePolicy policy = run.recompute;
   const json& tr = cfg["train"];
-  const int64_t B = tr["batch_size"];
+  // Data parallelism (train/src/data_parallel.h, zero.h): one rank's share of each micro-batch.
+  const int64_t W = options.world_size;
+  KESTREL_CHECK(W >= 1 && tr["batch_size"].get<int64_t>() % W == 0, "plan", "train.batch_size ",
+                tr["batch_size"].dump(), " (the global micro-batch) does not split evenly over ", W, " ranks");
+  const int64_t B = tr["batch_size"].get<int64_t>() / W;
+  plan.world_size = W;
+  plan.zero = W > 1 && cfg.contains("distributed") ? static_cast<int>(cfg["distributed"]["zero"].get<int64_t>()) : 0;
+  const int64_t state_shard = plan.zero >= 1 ? W : 1;  // ZeRO-1/2: each rank's AdamW owns ~1/W
   plan.device = on_cuda ? "cuda" : "cpu";
   plan.precision = std::string(dtype_name(dtype));
   plan.recompute = autograd::policy_name(policy);
@@ -447,7 +454,9 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // f32 master + moments live in host memory instead and the device holds nothing of it; the host
   // also pins 2 x staging_slots x staging_slot_mib.
   const OptimizerPlacement placement = optimizer_placement_from_config(cfg, on_cuda ? Device::cuda(0) : Device::cpu());
-  const OptimizerStateBytes per_param = optimizer_state_bytes_per_param(placement, dtype, on_cuda);
+  OptimizerStateBytes per_param = optimizer_state_bytes_per_param(placement, dtype, on_cuda);
+  per_param.device /= static_cast<double>(state_shard);  // ZeRO-1/2: per GPU
+  per_param.host /= static_cast<double>(state_shard);
   const bool step_in_backward = placement.step_in_backward;
   // optimizer.gradients "host" (train/src/gradient_stream.h) copies each gradient out at the hook where
   // step_in_backward would update it: on the device both drop it at the same point.
@@ -490,6 +499,13 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // One micro-batch; with train.grad_accum > 1 a second one replays with the first one's parameter
   // gradients held (they are the peak of accumulation: later micro-batches add into them).
   const int64_t accum = cfg["train"]["grad_accum"].get<int64_t>();
+  // ZeRO-2 (one micro-batch per step): a rank drops the gradients it does not own as their bucket
+  // is reduced to the owner, about where step_in_backward drops them; it keeps ~1/W.
+  const int64_t grad_shard = plan.zero == 2 && accum == 1 && !drop_grads ? W : 1;
+  if (grad_shard > 1) plan.bytes_per_param_grads /= static_cast<double>(grad_shard);
+  auto shed = [&](int64_t bytes) {
+    if (grad_shard > 1) L.free(kGrad, bytes - bytes / grad_shard);
+  };
   auto micro_batch = [&](bool first) {
     if (!first) L.alloc(kAct, pixels);  // the next micro-batch's pixels (the forward frees them)
     // ---- forward ----
@@ -571,6 +587,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.free(MemoryTag::Workspace, ce_backward);
     // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
     if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, V * C * b);
+    if (!tc.tie_word_embeddings) shed(V * C * b);
     L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
@@ -578,6 +595,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
     L.free(kGrad, T * C * b + (first ? 0 : C * b));
     if (drop_grads) L.free(kGrad, C * b);  // the final norm's weight gradient, at its hook
+    shed(C * b);
     L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
     // Offloaded inputs come back one region ahead: the top region's at the loss, region l - 1's as
     // region l starts.
@@ -596,6 +614,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       // step_in_backward: the layer's parameters are complete once its region has run (their hooks
       // wait for the region entry); each is updated and its gradient dropped.
       if (drop_grads) L.free(kGrad, P.layer_param_grads);
+      shed(P.layer_param_grads);
     }
     // Layer 0's input gradient [T, C] is live.
     // The embedding's scatter-add goes into the weight's gradient in place once it holds one (the tied
@@ -606,6 +625,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.alloc(kGrad, embed_grad);
       L.free(kGrad, T * C * b);
       if (drop_grads) L.free(kGrad, embed_grad);  // updated (or streamed out) at its hook
+      shed(embed_grad + (tc.tie_word_embeddings ? V * C * b : 0));
     } else {
       // Layer 0's input gradient [T, C] is live. splice: db = clone(go) (+ zero rows), ds = gather.
       L.where = "backward: splice";
@@ -648,6 +668,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   micro_batch(true);
   if (accum > 1) micro_batch(false);
 
+  // Data parallelism: the buckets' flat copies of the gradients live from their launch to the end of
+  // backward (GradientAllReduce::finish): one more copy of the kept gradients.
+  if (W > 1 && !drop_grads) {
+    L.where = "backward: gradient buckets";
+    const int64_t flat = plan.parameters * s.b / grad_shard;  // frozen ones included: an upper bound
+    L.alloc(kGrad, flat);
+    L.free(kGrad, flat);
+  }
+
   // ---- optimizer ----
   L.where = "optimizer";
   L.free(kGrad, L.cur[static_cast<int>(kGrad)]);  // zero_grad
@@ -687,6 +716,7 @@ json MemoryPlan::to_json() const {
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
               {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
               {"optimizer_offload", optimizer_offload}, {"mlp_tile_tokens", mlp_tile_tokens},
+              {"world_size", world_size}, {"zero", zero},
               {"host_activations", host_activations}, {"host_gradients", host_gradients},
               {"optimizer",
                {{"master_weights", master_weights},
@@ -707,6 +737,14 @@ std::string MemoryPlan::table() const {
   std::snprintf(buf, sizeof buf, "plan: %s, %s, recompute %s, %.2fM parameters, %lld tokens per micro-batch\n",
                 device.c_str(), precision.c_str(), recompute.c_str(), parameters / 1e6, static_cast<long long>(tokens));
   os << buf;
+  if (world_size > 1) {
+    std::snprintf(buf, sizeof buf, "  data parallel: per GPU of %lld ranks (1/%lld of each micro-batch), ZeRO-%d%s\n",
+                  static_cast<long long>(world_size), static_cast<long long>(world_size), zero,
+                  zero == 0 ? ": every rank holds all gradients and optimizer state"
+                  : zero == 1 ? ": optimizer state divided over the ranks"
+                              : ": optimizer state and kept gradients divided over the ranks");
+    os << buf;
+  }
   if (mlp_tile_tokens > 0) {
     std::snprintf(buf, sizeof buf, "  MLP over tiles of %lld tokens\n", static_cast<long long>(mlp_tile_tokens));
     os << buf;

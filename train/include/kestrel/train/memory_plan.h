@@ -42,6 +42,8 @@ struct MemoryPlan {
   int64_t tokens = 0;         // tokens in the largest micro-batch planned
   int64_t parameters = 0;     // parameter count
   int64_t mlp_tile_tokens = 0;  // the decoder MLP's token tile planned (0: untiled)
+  int64_t world_size = 1;       // data-parallel ranks (the figures are one rank's, i.e. per GPU)
+  int zero = 0;                 // distributed.zero planned (0 at world size 1)
   std::string precision, recompute, device;
   // offload regions: region inputs held in pinned host memory at the end of the forward
   int64_t host_activations = 0;
@@ -65,6 +67,10 @@ struct MemoryPlan {
 struct PlanOptions {
   int64_t steps = 0;           // micro-batches to size the token count from (0 = train.steps, at most 64)
   int64_t external_bytes = -1; // -1: 0 on the CPU, 560 MiB on CUDA (measured 530 MiB on an H200)
+  // Data parallelism: the plan is one rank's of `world_size` (kestrel-mem plan --world-size): its
+  // batch_size / W rows of each micro-batch, the buckets' flat gradient copies, and with
+  // distributed.zero the optimizer state (1, 2) and the kept gradients (2) divided by W.
+  int64_t world_size = 1;
 };
 
 // `config` is a resolved trainer config (resolve_train_config); the device, precision, recompute
