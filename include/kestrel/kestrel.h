@@ -1,5 +1,6 @@
 // The embedding API in one include: tensors and memory accounting, autograd, every op family, the
-// models and the training pieces (AdamW, schedule, the config-driven Trainer). No CUDA header is
+// models and the training pieces (AdamW, schedule, the config-driven Trainer, and its data
+// parallelism: the Communicator, the launcher's rendezvous and the local launcher). No CUDA header is
 // pulled in: devices, streams and budgets are passed as kestrel::Device, kestrel::StreamHandle
 // (an opaque cudaStream_t) and byte counts. Kernel authors who need CUDA types include
 // kestrel/cuda/context.h and kestrel/cuda/check.h themselves.
@@ -9,10 +10,12 @@
 
 // runtime: tensors, devices, memory accounting, budgets, streams, logging, errors
 #include "kestrel/runtime/accumulate.h"
+#include "kestrel/runtime/communicator.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/runtime/device_info.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/local_launch.h"
 #include "kestrel/runtime/log.h"
 #include "kestrel/runtime/memory.h"
 #include "kestrel/runtime/memory_budget.h"
@@ -21,6 +24,7 @@
 #include "kestrel/runtime/memory_trace.h"
 #include "kestrel/runtime/parallel.h"
 #include "kestrel/runtime/random.h"
+#include "kestrel/runtime/rendezvous.h"
 #include "kestrel/runtime/stream_scope.h"
 #include "kestrel/runtime/tensor.h"
 
