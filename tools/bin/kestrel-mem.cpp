@@ -141,6 +141,8 @@ int plan_cmd(const Args& a) {
   po.world_size = a.world_size;
   train::MemoryPlan plan = train::plan_memory(cfg, po);
   std::printf("%s", plan.table().c_str());
+  // What each recompute setting would cost and save for this run ("auto" takes the fastest that fits).
+  std::printf("%s", train::recompute_costs_table(train::recompute_costs(cfg, po), plan.budget).c_str());
   if (!a.find_max.empty()) {
     KESTREL_CHECK(plan.budget > 0, "kestrel-mem", "--find-max needs a budget (--memory-budget SIZE)");
     // The searched key: train.batch_size, or data.seq_len (decoder runs on token files).

@@ -9,6 +9,12 @@
 
 namespace kestrel::train {
 
+std::string RunConfig::recompute_name() const {
+  if (recompute_auto) return "auto";
+  if (recompute_selective) return recompute == autograd::RecomputePolicy::Offload ? "selective+offload" : "selective";
+  return autograd::policy_name(recompute);
+}
+
 Device RunConfig::resolve_device(const nlohmann::json& cfg) {
   const std::string dev = cfg["device"];
   if (dev == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
@@ -31,7 +37,19 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
     ok = ok && (r.dtype == DType::F32 || r.dtype == DType::BF16 || r.dtype == DType::F16);
     KESTREL_CHECK(ok, "train", "precision must be auto, f32, bf16 or f16, got '", prec, "'");
   }
-  r.recompute = autograd::parse_recompute_policy(cfg["recompute"]);
+  const std::string recompute = cfg["recompute"];
+  r.recompute_auto = recompute == "auto";
+  r.recompute_selective = recompute == "selective" || recompute == "selective+offload";
+  if (r.recompute_selective)
+    r.recompute = recompute == "selective" ? autograd::RecomputePolicy::Keep : autograd::RecomputePolicy::Offload;
+  else if (!r.recompute_auto) {
+    try {
+      r.recompute = autograd::parse_recompute_policy(recompute);
+    } catch (const Error&) {
+      throw make_error("train", "recompute must be none, recompute (or full), offload (or full+offload), selective, ",
+                       "selective+offload or auto, got '", recompute, "'");
+    }
+  }
   const nlohmann::json& tile = cfg["mlp_tile_tokens"];
   r.mlp_tile_auto = tile.is_string();
   KESTREL_CHECK(r.mlp_tile_auto ? tile == "auto" : tile.is_number_integer() && tile.get<int64_t>() >= 0, "train",

@@ -25,7 +25,17 @@ namespace kestrel::train {
 struct RunConfig {
   Device device = Device::cpu();                                           // "device"
   DType dtype = DType::F32;                                                // "precision"
-  autograd::RecomputePolicy recompute = autograd::RecomputePolicy::None;  // "recompute"
+  // "recompute": "none" (no regions), "recompute" or "full" (each layer a region keeping its input),
+  // "offload" or "full+offload" (region inputs in pinned host memory), "selective" and
+  // "selective+offload" (decoder layers also keep attention's output and log-sum-exp, so backward never
+  // re-runs attention: models::LayerRecompute), or "auto": the planner's choice for the budget
+  // (choose_recompute in memory_plan.h: the fastest of none, selective, full, selective+offload,
+  // offload that fits). Until the Trainer resolves "auto", recompute_auto is set and the rest is "none".
+  autograd::RecomputePolicy recompute = autograd::RecomputePolicy::None;
+  bool recompute_selective = false;
+  bool recompute_auto = false;
+  // The setting's name as the config writes it ("none", "recompute", "selective+offload", ...).
+  std::string recompute_name() const;
   std::string memory_budget;          // "memory_budget" as written ("" = none), for messages
   int64_t memory_budget_bytes = 0;    // its value; 0 when none
   // What the Trainer pushes into a CUDA device (configure_memory): the budget above and "memory":
