@@ -548,6 +548,12 @@ VlmConfig VlmConfig::from_json(const nlohmann::json& j, const std::string& sourc
   read_int(j, c, "projector_hidden_size", m.projector_hidden_size);
   KESTREL_CHECK(lookup(j, "image_token_id") != nullptr, kComp, "'", source, "': field 'image_token_id' is missing");
   read_int(j, c, "image_token_id", m.image_token_id);
+  read_string(j, c, "projector_hidden_act", m.projector_hidden_act);
+  if (const json* f = lookup(j, "vision_feature_layer"); f != nullptr && !f->is_null()) {
+    int64_t layer = 0;
+    read_int(j, c, "vision_feature_layer", layer);
+    m.vision_feature_layer = layer;
+  }
   m.validate(source);
   return m;
 }
@@ -566,6 +572,15 @@ void VlmConfig::validate(const std::string& source) const {
   KESTREL_CHECK(image_token_id >= 0 && image_token_id < text_config.vocab_size, kComp, "'", source,
                 "': field 'image_token_id' (", image_token_id, ") must lie in [0, text_config.vocab_size = ",
                 text_config.vocab_size, ")");
+  KESTREL_CHECK(projector_hidden_act == "gelu_pytorch_tanh" || projector_hidden_act == "gelu", kComp, "'", source,
+                "': field 'projector_hidden_act' is '", projector_hidden_act,
+                "'; supported: 'gelu_pytorch_tanh', 'gelu' (erf)");
+  if (vision_feature_layer) {
+    const int64_t n = vision_config.num_hidden_layers;
+    KESTREL_CHECK(*vision_feature_layer >= -(n + 1) && *vision_feature_layer <= n, kComp, "'", source,
+                  "': field 'vision_feature_layer' (", *vision_feature_layer, ") must index the tower's ", n + 1,
+                  " hidden states: [", -(n + 1), ", ", n, "]");
+  }
 }
 
 nlohmann::json VlmConfig::to_json() const {
@@ -576,6 +591,8 @@ nlohmann::json VlmConfig::to_json() const {
   j["pixel_shuffle_factor"] = pixel_shuffle_factor;
   j["projector_hidden_size"] = projector_hidden_size;
   j["image_token_id"] = image_token_id;
+  j["projector_hidden_act"] = projector_hidden_act;
+  if (vision_feature_layer) j["vision_feature_layer"] = *vision_feature_layer;
   return j;
 }
 

@@ -87,6 +87,18 @@ Tensor VisionTower::block_forward(int index, const Tensor& x, const Tensor& cu_s
 }
 
 Tensor VisionTower::forward(const Tensor& pixel_values, autograd::RecomputePolicy policy) const {
+  Tensor x = blocks_forward(pixel_values, static_cast<int64_t>(blocks_.size()), policy);
+  MemoryLabelScope label("vision.post_layernorm");
+  return layer_norm(x, post_ln_w_, post_ln_b_, config_.layer_norm_eps);
+}
+
+Tensor VisionTower::hidden_state(const Tensor& pixel_values, int64_t k, autograd::RecomputePolicy policy) const {
+  KESTREL_CHECK(k >= 0 && k <= static_cast<int64_t>(blocks_.size()), "vision", "hidden state ", k,
+                " does not exist: the tower has ", blocks_.size(), " blocks (hidden states 0..", blocks_.size(), ")");
+  return blocks_forward(pixel_values, k, policy);
+}
+
+Tensor VisionTower::blocks_forward(const Tensor& pixel_values, int64_t blocks, autograd::RecomputePolicy policy) const {
   KESTREL_CHECK(pixel_values.dim() == 4 && pixel_values.shape()[1] == config_.num_channels, "vision",
                 "pixel_values must be [B, ", config_.num_channels, ", H, W], got ", pixel_values.str());
   KESTREL_CHECK(pixel_values.shape()[2] == config_.image_size && pixel_values.shape()[3] == config_.image_size,
@@ -103,7 +115,7 @@ Tensor VisionTower::forward(const Tensor& pixel_values, autograd::RecomputePolic
   std::vector<int64_t> cu(Bn + 1);
   for (int64_t b = 0; b <= Bn; ++b) cu[b] = b * N;
   Tensor cu_seqlens = Tensor::from_vector(cu, {Bn + 1}, DType::I32, device_);
-  for (int l = 0; l < static_cast<int>(blocks_.size()); ++l) {
+  for (int l = 0; l < static_cast<int>(blocks); ++l) {
     autograd::RecomputeOptions ro{policy, "vision.block." + std::to_string(l)};
     x = autograd::recompute(
         [this, cu_seqlens, N, l](const std::vector<Tensor>& in) {
@@ -111,8 +123,7 @@ Tensor VisionTower::forward(const Tensor& pixel_values, autograd::RecomputePolic
         },
         {x}, ro)[0];
   }
-  MemoryLabelScope label("vision.post_layernorm");
-  return layer_norm(x, post_ln_w_, post_ln_b_, config_.layer_norm_eps);
+  return x;
 }
 
 }  // namespace kestrel::models

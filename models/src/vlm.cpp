@@ -42,12 +42,15 @@ Vlm::Vlm(const VlmConfig& config, DType dtype, Device device, uint64_t seed)
 Tensor Vlm::image_embeddings(const Tensor& pixel_values, autograd::RecomputePolicy policy) const {
   const int64_t B = pixel_values.shape()[0], S = config_.vision_config.patches_per_side();
   const int64_t s = config_.pixel_shuffle_factor, E = config_.vision_config.hidden_size;
-  Tensor v = vision_.forward(pixel_values, policy);  // [B*S*S, E]
+  // Kestrel's features: the tower's post_layernorm output; LLaVA's: hidden_states[vision_feature_layer].
+  Tensor v = config_.vision_feature_layer ? vision_.hidden_state(pixel_values, config_.vision_blocks_used(), policy)
+                                          : vision_.forward(pixel_values, policy);  // [B*S*S, E]
   MemoryLabelScope label("projector");  // Pixel shuffle: each s x s neighbourhood of patches becomes one token of width s*s*E.
   Tensor g = reshape(v, {B, S / s, s, S / s, s, E});
   g = permute(g, {0, 1, 3, 2, 4, 5});
   g = reshape(contiguous(g), {B * (S / s) * (S / s), s * s * E});
-  return linear(gelu(linear(g, proj1_w_, proj1_b_), true), proj2_w_, proj2_b_);
+  const bool tanh_gelu = config_.projector_hidden_act == "gelu_pytorch_tanh";
+  return linear(gelu(linear(g, proj1_w_, proj1_b_), tanh_gelu), proj2_w_, proj2_b_);
 }
 
 Tensor Vlm::hidden(const VlmBatch& batch, autograd::RecomputePolicy policy) const {

@@ -2,6 +2,7 @@
 //               [--overwrite-out-dir] [--print-config] [--memory-budget 40GiB] [--eval-only]
 //               [--nproc-per-node N]
 // kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...
+// kestrel-train export --config run.json [--weights DIR] --out DIR [--format kestrel|llava] [--logits-in F --logits-out F]
 // Translates every kestrel::Error into a message and a non-zero exit code.
 #include <cstdio>
 #include <cstring>
@@ -21,7 +22,9 @@
 #include "kestrel/runtime/parse_number.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/train/memory_profile.h"
+#include "kestrel/models/safetensors.h"
 #include "kestrel/train/tokenize_text.h"
+#include "kestrel/train/vlm_export.h"
 #include "kestrel/train/tokenizer.h"
 #include "kestrel/train/run_config.h"
 #include "kestrel/train/train_config.h"
@@ -53,6 +56,13 @@ void usage(FILE* f) {
                "Several GPUs: one process per GPU started by torchrun or srun (RANK, WORLD_SIZE, LOCAL_RANK,\n"
                "MASTER_ADDR, MASTER_PORT or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); distributed.* keys.\n"
                "\n"
+               "usage: kestrel-train export --config run.json [--set k=v ...] [--weights CHECKPOINT_OR_FOLDER]\n"
+               "                            --out DIR [--format kestrel|llava] [--logits-in IN --logits-out OUT]\n"
+               "  writes the run's VLM (towers from model.vision_from / text_from, model.init_from, then --weights)\n"
+               "  as one folder: \"kestrel\" (config.json + model.safetensors; continue with model.config_path and\n"
+               "  model.init_from) or \"llava\" (LlavaForConditionalGeneration for transformers); --logits-in reads\n"
+               "  input_ids [T] i64 and pixel_values [B,3,S,S] from a .safetensors, --logits-out writes the logits\n"
+               "  [T, V] f32 (bench/vlm_export_check.py compares them with transformers).\n"
                "usage: kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...\n"
                "  text -> llm.c token file for data.type \"tokens\" (uint16 when the vocabulary fits, else uint32).\n"
                "  FILE: .jsonl (one {\"text\": ...} document per line) or text (one document per line).\n"
@@ -93,6 +103,58 @@ int tokenize_main(int argc, char** argv) {
 }
 }  // namespace
 
+// kestrel-train export: the run's VLM (its config, towers, init_from, then --weights) as one folder.
+int export_main(int argc, char** argv) {
+  std::string config_path, weights, out, format = "kestrel", logits_in, logits_out;
+  std::vector<std::string> sets;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto need = [&]() -> std::string {
+      if (i + 1 >= argc) throw make_error("export", a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--config") config_path = need();
+    else if (a == "--set") sets.push_back(need());
+    else if (a == "--weights") weights = need();
+    else if (a == "--out") out = need();
+    else if (a == "--format") format = need();
+    else if (a == "--logits-in") logits_in = need();
+    else if (a == "--logits-out") logits_out = need();
+    else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    } else {
+      throw make_error("export", "unknown argument '", a, "'");
+    }
+  }
+  KESTREL_CHECK(!config_path.empty(), "export", "--config is required (the run's config; its model section)");
+  KESTREL_CHECK(!out.empty() || !logits_out.empty(), "export", "--out DIR (or --logits-out FILE) is required");
+  KESTREL_CHECK(logits_in.empty() == logits_out.empty(), "export", "--logits-in and --logits-out go together");
+  nlohmann::json cfg = train::resolve_train_config(models::read_json_file(config_path, "config"), config_path);
+  train::apply_device_overrides(cfg, /*on_cuda=*/false, sets);
+  std::unique_ptr<models::Vlm> vlm = train::build_vlm_for_export(cfg, weights);
+  if (!out.empty()) {
+    train::export_vlm(*vlm, out, format);
+    std::printf("exported %s (%s layout, %.2fM parameters)\n", out.c_str(), format.c_str(),
+                static_cast<double>(vlm->parameters().numel()) / 1e6);
+  }
+  if (!logits_out.empty()) {
+    // The fixed input of bench/vlm_export_check.py: input_ids [T] i64, pixel_values [B, 3, S, S] f32.
+    models::SafetensorsReader in = models::SafetensorsReader::open(logits_in);
+    auto take = [&](const char* name) {
+      const models::SafetensorsEntry& e = in.get(name);
+      Shape shape(e.shape.begin(), e.shape.end());
+      return Tensor::from_blob(const_cast<std::byte*>(e.bytes.data()), shape, e.dtype, Device::cpu()).clone();
+    };
+    Tensor logits = train::vlm_logits(*vlm, take("input_ids"), take("pixel_values").to(DType::F32)).contiguous();
+    models::write_safetensors(logits_out, {{"logits", DType::F32, std::vector<int64_t>(logits.shape().begin(),
+                                                                                     logits.shape().end()),
+                                            logits.data_ptr()}});
+    std::printf("logits %s -> %s\n", logits.str().c_str(), logits_out.c_str());
+  }
+  return 0;
+}
+
 // --nproc-per-node N > 1: N children of this binary with the same arguments but this one, one per
 // GPU over NCCL. There is no backend across processes on the CPU (the in-process one joins threads
 // of one process), so a CPU run, a library without NCCL or too few GPUs is refused before any start.
@@ -132,6 +194,14 @@ int launch_node(int nproc, const nlohmann::json& cfg, int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "export") == 0) {
+    try {
+      return export_main(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kestrel-train export: error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc >= 2 && std::strcmp(argv[1], "tokenize") == 0) {
     try {
       return tokenize_main(argc, argv);

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <sstream>
 
 #include "kestrel/autograd/recompute.h"
@@ -19,6 +18,8 @@
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
 #include "memory_plan_workspace.h"
+#include "param_groups.h"
+#include "vlm_init.h"
 
 namespace kestrel::train {
 
@@ -75,12 +76,18 @@ class Planner {
     E_ = vc.hidden_size, IV_ = vc.intermediate_size, HV_ = vc.num_attention_heads, LV_ = vc.num_hidden_layers;
   }
   Ledger led;
-  // Selective recompute (models::LayerRecompute::Selective): each decoder region also keeps its
-  // attention output and lse from the forward (tag Activation, or Checkpoint once restored from the
-  // host under offload); the re-run reuses them instead of allocating new ones.
-  bool selective_ = false;
-  MemoryTag kept_tag_ = MemoryTag::Activation;
-  int64_t attention_kept_bytes() const { return s_.T * Hq_ * D_ * s_.b + s_.T * Hq_ * 4; }
+  // train.trainable (param_groups.h): a frozen parameter gets no gradient; `layer_` / `vision_layer_`
+  // name the block being replayed.
+  std::function<bool(const std::string&)> trains = [](const std::string&) { return true; };
+  std::string text_prefix;  // "language_model." in the VLM
+  int64_t layer_ = 0, vision_layer_ = 0;
+  int64_t tb(const std::string& suffix, int64_t bytes) const {  // a decoder layer parameter's gradient bytes
+    return trains(text_prefix + "model.layers." + std::to_string(layer_) + "." + suffix) ? bytes : 0;
+  }
+  int64_t vb(const std::string& module, int64_t weight_bytes, int64_t bias_bytes) const {  // a vision module's
+    const std::string p = "vision_tower.vision_model.encoder.layers." + std::to_string(vision_layer_) + "." + module;
+    return (trains(p + ".weight") ? weight_bytes : 0) + (trains(p + ".bias") ? bias_bytes : 0);
+  }
   const bool cuda_;  // CUDA kernels: their Workspace buffers (memory_plan_workspace.h) instead of the CPU's scratch
   const int64_t mlp_tile_;  // the decoder MLP's token tile (0: untiled linear/swiglu ops)
 
@@ -93,9 +100,8 @@ class Planner {
 
   // --- decoder layer (models/src/decoder.cpp: layer_forward) ---
   // Forward with recording: allocations in order; the saved set stays.
-  void decoder_layer_forward_recorded(MemoryTag tag, bool rerun = false) {
+  void decoder_layer_forward_recorded(MemoryTag tag) {
     const int64_t T = s_.T, b = s_.b;
-    const bool reuse_attention = rerun && selective_;  // a selective re-run takes the kept out and lse
     led.alloc(tag, T * C_ * b + T * 4);              // rms_norm y, rstd (saved)
     led.alloc(tag, T * Hq_ * D_ * b);                // q linear (freed by rope)
     led.alloc(tag, 2 * T * Hkv_ * D_ * b);           // k, v linear (v saved by attention)
@@ -103,7 +109,7 @@ class Planner {
     led.free(tag, T * Hq_ * D_ * b);                 // pre-rope q released
     led.alloc(tag, T * Hkv_ * D_ * b);               // rope(k) saved
     led.free(tag, T * Hkv_ * D_ * b);                // pre-rope k released
-    if (!reuse_attention) led.alloc(tag, T * Hq_ * D_ * b + T * Hq_ * 4);  // attention out, lse (saved)
+    led.alloc(tag, T * Hq_ * D_ * b + T * Hq_ * 4);  // attention out, lse (saved)
     led.alloc(tag, T * C_ * b);                      // o_proj out (transient)
     led.alloc(tag, 2 * T * C_ * b + T * 4);          // add_rms_norm y, h, rstd (saved)
     led.free(tag, T * C_ * b);                       // o_proj out released
@@ -138,8 +144,8 @@ class Planner {
     led.alloc(kAct, T * Hkv_ * D_ * b);
     led.free(kAct, T * Hkv_ * D_ * b);
     led.alloc(kAct, T * Hq_ * D_ * b + T * Hq_ * 4 + T * C_ * b);  // attention out, lse, o_proj out
-    int64_t attn_live = attn + (selective_ ? 0 : attention_kept_bytes());
-    led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays; selective: out and lse too)
+    int64_t attn_live = attn + T * Hq_ * D_ * b + T * Hq_ * 4;
+    led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays)
     const int64_t mlp = mlp_tile_ > 0 ? 0 : 3 * T * I_ * b;  // gate, up, swiglu (untiled)
     led.alloc(kAct, 2 * T * C_ * b + T * 4 + mlp + T * C_ * b);  // y, h, rstd, [gate, up, swiglu,] down
     if (mlp_tile_ > 0) tile_scratch(kAct, 3);
@@ -154,7 +160,7 @@ class Planner {
     const int64_t T = s_.T, b = s_.b, TC = T * C_ * b, TI = T * I_ * b;
     // The first micro-batch's parameter gradients stay (they become .grad); later ones are added into
     // them and go at once.
-    auto pgrad = [&](int64_t bytes) {
+    auto pgrad = [&](int64_t bytes) {  // 0: a frozen parameter (no gradient)
       led.alloc(kGrad, bytes);
       if (!params_first_time) led.free(kGrad, bytes);
       else layer_param_grads += bytes;  // optimizer.step_in_backward drops them after the layer
@@ -166,16 +172,16 @@ class Planner {
     if (mlp_tile_ > 0) {
       // add(h2, m): both get g. swiglu_mlp_tiled: d_down, d_gate, d_up (added in place into held
       // gradients), dx [T, C], and five [tile, I] buffers while it walks the tiles.
-      pgrad(C_ * I_ * b);
-      pgrad(I_ * C_ * b);
-      pgrad(I_ * C_ * b);
+      pgrad(tb("mlp.down_proj.weight", C_ * I_ * b));
+      pgrad(tb("mlp.gate_proj.weight", I_ * C_ * b));
+      pgrad(tb("mlp.up_proj.weight", I_ * C_ * b));
       led.alloc(kGrad, TC);
       tile_scratch(kGrad, 5);
       led.free(kAct, TC);  // y (saved by the tiled MLP)
     } else {
       // add(h2, m): both get g (no copy). down linear: dx [T, I], dW.
       led.alloc(kGrad, TI);
-      pgrad(C_ * I_ * b);
+      pgrad(tb("mlp.down_proj.weight", C_ * I_ * b));
       led.free(kAct, TI);  // the down entry's saved input (swiglu out)
       // swiglu: dg, du; the incoming dx goes, then gate and up.
       led.alloc(kGrad, 2 * TI);
@@ -183,10 +189,10 @@ class Planner {
       led.free(kAct, 2 * TI);
       // up linear: dx [T, C], dW; gate linear: dx, dW; the second is accumulated out of place.
       led.alloc(kGrad, TC);
-      pgrad(I_ * C_ * b);
+      pgrad(tb("mlp.up_proj.weight", I_ * C_ * b));
       led.free(kGrad, TI);
       led.alloc(kGrad, TC);
-      pgrad(I_ * C_ * b);
+      pgrad(tb("mlp.gate_proj.weight", I_ * C_ * b));
       led.free(kGrad, TI);
       led.alloc(kGrad, TC);  // clone + add
       led.free(kGrad, 2 * TC);
@@ -194,7 +200,7 @@ class Planner {
     }
     // add_rms_norm: dh, dw; gy and g are released; h2 and rstd go.
     led.alloc(kGrad, TC);
-    pgrad(C_ * b);
+    pgrad(tb("post_attention_layernorm.weight", C_ * b));
     workspace(cuda_norm_backward_workspace_bytes(T, C_, 1));
     led.free(kGrad, TC);  // gy
     if (!region) led.free(kGrad, TC);  // g (the layer output's gradient)
@@ -203,7 +209,7 @@ class Planner {
     // o_proj: dx [T, Hq*D], dW. attention: dq, dk, dv; saved q, k, v, out, lse go.
     const int64_t Q = T * Hq_ * D_ * b, K = T * Hkv_ * D_ * b;
     led.alloc(kGrad, Q);
-    pgrad(C_ * Hq_ * D_ * b);
+    pgrad(tb("self_attn.o_proj.weight", C_ * Hq_ * D_ * b));
     if (region) led.free(kGrad, TC);  // d, consumed by o_proj
     if (cuda_) {
       led.alloc(kGrad, Q + 2 * K);
@@ -214,31 +220,32 @@ class Planner {
       led.free(kGrad, T * Hq_ * 4);
     }
     led.free(kGrad, Q);
-    led.free(kAct, Q + 2 * K);                  // q, k, v
-    led.free(selective_ ? kept_tag_ : kAct, Q + T * Hq_ * 4);  // out, lse
+    led.free(kAct, Q + 2 * K + Q + T * Hq_ * 4);
     // rope backward (k then q), v/k/q linears: dx each [T, C], accumulated out of place.
     led.alloc(kGrad, K);
     led.free(kGrad, K);
     led.alloc(kGrad, Q);
     led.free(kGrad, Q);
     led.alloc(kGrad, TC);  // v: dx
-    pgrad(Hkv_ * D_ * C_ * b);
+    pgrad(tb("self_attn.v_proj.weight", Hkv_ * D_ * C_ * b));
     led.free(kGrad, K);
     led.alloc(kGrad, TC);  // k: dx
-    pgrad(Hkv_ * D_ * C_ * b);
+    pgrad(tb("self_attn.k_proj.weight", Hkv_ * D_ * C_ * b));
     led.free(kGrad, K);
     led.alloc(kGrad, TC);
     led.free(kGrad, 2 * TC);
     led.alloc(kGrad, TC);  // q: dx
-    pgrad(Hq_ * D_ * C_ * b);
+    pgrad(tb("self_attn.q_proj.weight", Hq_ * D_ * C_ * b));
     led.free(kGrad, Q);
     led.alloc(kGrad, TC);
     led.free(kGrad, 2 * TC);
     led.free(kAct, TC);  // the norm output (saved by the q/k/v linears)
-    if (mc_.text_config.qkv_bias()) pgrad((Hq_ + 2 * Hkv_) * D_ * b);
+    if (mc_.text_config.qkv_bias())
+      pgrad(tb("self_attn.q_proj.bias", Hq_ * D_ * b) + tb("self_attn.k_proj.bias", Hkv_ * D_ * b) +
+            tb("self_attn.v_proj.bias", Hkv_ * D_ * b));
     // rms_norm: dx, dw; its input (the layer input) and rstd go; accumulated into the residual gradient.
     led.alloc(kGrad, TC);
-    pgrad(C_ * b);
+    pgrad(tb("input_layernorm.weight", C_ * b));
     workspace(cuda_norm_backward_workspace_bytes(T, C_, 1));
     led.free(kGrad, TC);
     led.free(kAct, T * 4 + (free_input ? TC : 0));
@@ -284,18 +291,18 @@ class Planner {
     const bool region = !free_input;  // see decoder_layer_backward
     // add(h, z): g to both. fc2: dx [T, I], dW, db; gelu: dx; fc1: dx [T, E].
     led.alloc(kGrad, TI);
-    pgrad(E_ * IV_ * b + E_ * b);
+    pgrad(vb("mlp.fc2", E_ * IV_ * b, E_ * b));
     led.free(kAct, TI);
     led.alloc(kGrad, TI);
     led.free(kGrad, TI);
     led.free(kAct, TI);
     led.alloc(kGrad, TE);
-    pgrad(IV_ * E_ * b + IV_ * b);
+    pgrad(vb("mlp.fc1", IV_ * E_ * b, IV_ * b));
     led.free(kGrad, TI);
     led.free(kAct, TE + 2 * T * 4);  // ln2's z, mean, rstd
     // ln2: dx, dw, db; accumulated with g into h's gradient (g stays alive in a region's closure).
     led.alloc(kGrad, TE);
-    pgrad(2 * E_ * b);
+    pgrad(vb("layer_norm2", E_ * b, E_ * b));
     workspace(cuda_norm_backward_workspace_bytes(T, E_, 2));
     led.free(kGrad, TE);
     led.alloc(kGrad, TE);
@@ -304,7 +311,7 @@ class Planner {
     // add(x, o): g to both (a clone for a region's leaf input). out_proj: dx, dW, db; attention: dq, dk, dv.
     if (region) led.alloc(kGrad, TE);
     led.alloc(kGrad, TE);
-    pgrad(E_ * E_ * b + E_ * b);
+    pgrad(vb("self_attn.out_proj", E_ * E_ * b, E_ * b));
     if (region) led.free(kGrad, TE);
     if (cuda_) {
       led.alloc(kGrad, 3 * TE);
@@ -319,7 +326,7 @@ class Planner {
     // v, k, q linears: dx each, accumulated.
     for (int i = 0; i < 3; ++i) {
       led.alloc(kGrad, TE);
-      pgrad(E_ * E_ * b + E_ * b);
+      pgrad(vb(std::string("self_attn.") + "vkq"[i] + "_proj", E_ * E_ * b, E_ * b));
       led.free(kGrad, TE);
       if (i > 0) {
         led.alloc(kGrad, TE);
@@ -328,7 +335,7 @@ class Planner {
     }
     // ln1: dx, dw, db; accumulated into x's gradient.
     led.alloc(kGrad, TE);
-    pgrad(2 * E_ * b);
+    pgrad(vb("layer_norm1", E_ * b, E_ * b));
     workspace(cuda_norm_backward_workspace_bytes(T, E_, 2));
     led.free(kGrad, TE);
     led.free(kAct, TE + 2 * T * 4 + (free_input ? TE : 0));  // y, stats, the block input
@@ -370,13 +377,6 @@ int64_t vlm_parameter_count(const models::VlmConfig& mc) {
 }  // namespace
 
 MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
-  if (RunConfig::resolve(cfg).recompute_auto) {
-    json chosen = cfg;
-    chosen["recompute"] = choose_recompute(cfg, options);
-    MemoryPlan p = plan_memory(chosen, options);
-    p.recompute += " (auto)";
-    return p;
-  }
   MemoryPlan plan;
   std::string type = cfg["model"]["type"];
   KESTREL_CHECK(type == "vlm" || type == "decoder", "plan", "model.type '", type,
@@ -386,8 +386,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const std::string config_path = cfg["model"]["config_path"];
   models::VlmConfig mc;
   if (vlm) {
-    mc = config_path.empty() ? models::VlmConfig::from_json(cfg["model"]["config"], "model.config")
-                             : models::VlmConfig::from_file(config_path);
+    mc = resolve_vlm_config(cfg);  // towers' configs from model.vision_from / text_from (vlm_init.h)
   } else {
     mc.text_config = config_path.empty() ? models::TextConfig::from_json(cfg["model"]["config"], "model.config")
                                          : models::TextConfig::from_file(config_path);
@@ -408,7 +407,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const int64_t state_shard = plan.zero >= 1 ? W : 1;  // ZeRO-1/2: each rank's AdamW owns ~1/W
   plan.device = on_cuda ? "cuda" : "cpu";
   plan.precision = std::string(dtype_name(dtype));
-  plan.recompute = run.recompute_name();
+  plan.recompute = autograd::policy_name(policy);
   plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{560} << 20 : 0);
   plan.budget = run.memory_budget_bytes;
 
@@ -441,13 +440,23 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   }
   plan.tokens = s.T;
   plan.parameters = vlm ? vlm_parameter_count(mc) : decoder_parameter_count(mc.text_config);
+  // train.trainable (param_groups.h): gradients and optimizer state exist for trainable parameters only.
+  const ParameterGroupRules rules = ParameterGroupRules::from_config(cfg);
+  const std::vector<std::pair<std::string, int64_t>> sizes = model_parameter_sizes(mc, vlm);
+  {
+    std::vector<std::string> names;
+    for (const auto& [name, n] : sizes) names.push_back(name), plan.trainable_parameters += rules.is_trainable(name) ? n : 0;
+    rules.check_names(names);
+  }
+  const auto trains = [&rules](const std::string& name) { return rules.is_trainable(name); };
+  bool vision_trains = false;  // any tower parameter: else the tower records nothing and has no backward
+  for (const auto& [name, n] : sizes) vision_trains |= name.starts_with("vision_tower.") && rules.is_trainable(name);
 
   plan.mlp_tile_tokens = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg, options) : run.mlp_tile_tokens;
   Planner P(mc, s, policy, on_cuda, plan.mlp_tile_tokens);
-  P.selective_ = run.recompute_selective && policy != RecomputePolicy::None;
-  plan.layer_bytes_per_token = policy == RecomputePolicy::None
-                                   ? P.decoder_layer_saved() / std::max<int64_t>(s.T, 1)
-                                   : P.C_ * s.b + (P.selective_ ? P.Hq_ * P.D_ * s.b + P.Hq_ * 4 : 0);
+  P.trains = trains;
+  P.text_prefix = vlm ? "language_model." : "";
+  const std::string tp = P.text_prefix;
   Ledger& L = P.led;
   const int64_t b = s.b, T = s.T, C = P.C_, E = P.E_, V = P.V_;
   const auto& tc = mc.text_config;
@@ -482,7 +491,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // step_in_backward would update it: on the device both drop it at the same point.
   const bool stream_grads = on_cuda && cfg["optimizer"]["gradients"] == "host";
   const bool drop_grads = step_in_backward || stream_grads;
-  if (stream_grads) plan.host_gradients = plan.parameters * b;
+  if (stream_grads) plan.host_gradients = plan.parameters * b;  // GradientStream pins a slice for every parameter
   plan.optimizer_offload = optimizer_offload_name(placement.offload);
   plan.master_weights = master_weights_name(placement.master_weights);
   plan.state_dtype = optimizer_state_dtype_name(placement.state_dtype);
@@ -491,7 +500,9 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   plan.bytes_per_param_grads = step_in_backward ? 0.0 : static_cast<double>(b);
   plan.bytes_per_param_device_state = per_param.device;
   plan.bytes_per_param_host_state = per_param.host;
-  const auto state_bytes = [&](double per) { return static_cast<int64_t>(std::ceil(per * static_cast<double>(plan.parameters))); };
+  const auto state_bytes = [&](double per) {
+    return static_cast<int64_t>(std::ceil(per * static_cast<double>(plan.trainable_parameters)));
+  };
   if (placement.offload == OptimizerOffload::Host && on_cuda) {
     plan.host_optimizer_state = state_bytes(per_param.host);
     plan.host_pinned = 2 * static_cast<int64_t>(placement.staging_slots) * placement.staging_slot_bytes;
@@ -541,15 +552,19 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.alloc(kAct, TE);               // patch GEMM out
       L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
       L.free(kAct, TE);
+      // A frozen tower records nothing: its tensors die as the forward moves on.
+      if (!vision_trains) L.free(kAct, Tv * 3 * P2 * b);
       for (int64_t l = 0; l < P.LV_; ++l) {
         L.where = "forward: vision.block." + std::to_string(l);
-        if (regions)
+        if (regions || !vision_trains)
           P.vision_block_forward_nograd();
         else
           P.vision_block_forward_recorded(kAct);
+        if (!vision_trains) L.free(kAct, TE);  // the block's input
       }
       L.where = "forward: projector";
       L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
+      if (!vision_trains) L.free(kAct, TE + 2 * Tv * 4 + (B + 1) * 4);  // its input, mean, rstd; cu_seqlens
       L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
       L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
       L.alloc(kAct, Ti * C * b);            // linear_2 (img)
@@ -561,23 +576,10 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     // Offload regions (autograd/src/recompute.cpp, runtime/cuda/offloader.cpp): each region input
     // goes to pinned host memory after its region's forward; its block returns when the copy lands.
     // The offloader lets 256 MiB of copies, and always two, be in flight before the host waits.
-    // Selective regions offload the kept attention output and lse after the input, as copies of their own.
     const bool offload = policy == RecomputePolicy::Offload && on_cuda;
     const int64_t region_input = T * C * b;
-    const int64_t kept_out = P.selective_ ? T * P.Hq_ * P.D_ * b : 0, kept_lse = P.selective_ ? T * P.Hq_ * 4 : 0;
-    if (offload && P.selective_) P.kept_tag_ = MemoryTag::Checkpoint;
-    std::deque<int64_t> copies;  // offload copies in flight, oldest first (runtime/cuda/offloader.cpp: throttle)
-    int64_t in_flight = 0;       // their bytes
-    auto offload_copy = [&](int64_t bytes) {
-      if (bytes == 0) return;
-      copies.push_back(bytes);
-      in_flight += bytes;
-      while (in_flight > run.memory.offload_inflight && copies.size() > 2) {  // the host waits for the oldest
-        L.free(kAct, copies.front());
-        in_flight -= copies.front();
-        copies.pop_front();
-      }
-    };
+    const int64_t max_in_flight = std::max<int64_t>(2, (int64_t{256} << 20) / std::max<int64_t>(region_input, 1));
+    int64_t in_flight = 0;
     for (int64_t l = 0; l < P.L_; ++l) {
       L.where = "forward: decoder.layer." + std::to_string(l);
       if (regions)
@@ -585,16 +587,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       else
         P.decoder_layer_forward_recorded(kAct);
       if (offload) {
-        offload_copy(region_input);
-        offload_copy(kept_out);
-        offload_copy(kept_lse);
+        if (in_flight == max_in_flight) L.free(kAct, region_input);  // the oldest copy has landed
+        in_flight = std::min(in_flight + 1, max_in_flight);
       }
     }
     L.where = "forward: final norm + loss";
     L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
     L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
-    L.free(kAct, in_flight);  // the last copies land during the loss
-    if (offload) plan.host_activations = P.L_ * (region_input + kept_out + kept_lse);
+    L.free(kAct, in_flight * region_input);  // the last copies land during the loss
+    if (offload) plan.host_activations = P.L_ * region_input;
     // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
     // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
     // chunk's d_hidden. CUDA: the launcher's workspace in forward; in backward the lse-based pass's
@@ -616,28 +617,32 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.alloc(kGrad, T * C * b);  // d_hidden
     // d_lm_head (the tied embedding's gradient); later micro-batches add into it in place (the fused
     // cross-entropy's d_weight GEMM with beta = 1), no new buffer.
-    if (first) L.alloc(kGrad, V * C * b);
+    const std::string head = tc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    const int64_t head_grad = trains(tp + head) ? V * C * b : 0;
+    if (first) L.alloc(kGrad, head_grad);
     L.alloc(MemoryTag::Workspace, ce_backward);
     L.free(MemoryTag::Workspace, ce_backward);
     // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
-    if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, V * C * b);
+    if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, head_grad);
     if (!tc.tie_word_embeddings) shed(V * C * b);
     L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
-    L.alloc(kGrad, T * C * b + C * b);
+    const int64_t norm_grad = trains(tp + "model.norm.weight") ? C * b : 0;
+    L.alloc(kGrad, T * C * b + norm_grad);
     P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
-    L.free(kGrad, T * C * b + (first ? 0 : C * b));
-    if (drop_grads) L.free(kGrad, C * b);  // the final norm's weight gradient, at its hook
+    L.free(kGrad, T * C * b + (first ? 0 : norm_grad));
+    if (drop_grads) L.free(kGrad, norm_grad);  // the final norm's weight gradient, at its hook
     shed(C * b);
     L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
     // Offloaded inputs come back one region ahead: the top region's at the loss, region l - 1's as
     // region l starts.
-    if (offload && P.L_ > 0) L.alloc(MemoryTag::Checkpoint, region_input + kept_out + kept_lse);
+    if (offload && P.L_ > 0) L.alloc(MemoryTag::Checkpoint, region_input);
     for (int64_t l = P.L_ - 1; l >= 0; --l) {
       L.where = "backward: decoder.layer." + std::to_string(l);
-      if (offload && l > 0) L.alloc(MemoryTag::Checkpoint, region_input + kept_out + kept_lse);
-      if (regions) P.decoder_layer_forward_recorded(kAct, true);  // the re-run on the inner tape (Activation)
+      if (offload && l > 0) L.alloc(MemoryTag::Checkpoint, region_input);
+      if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
+      P.layer_ = l;
       P.decoder_layer_backward(first, !regions);
       if (offload) {
         L.free(kAct, T * C * b);                    // the re-run's output
@@ -653,7 +658,8 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     // Layer 0's input gradient [T, C] is live.
     // The embedding's scatter-add goes into the weight's gradient in place once it holds one (the tied
     // lm_head's, or an earlier micro-batch's); only an untied first micro-batch allocates [V, C].
-    const int64_t embed_grad = first && !tc.tie_word_embeddings ? V * C * b : 0;
+    const int64_t embed_grad =
+        first && !tc.tie_word_embeddings && trains(tp + "model.embed_tokens.weight") ? V * C * b : 0;
     if (!vlm) {
       L.where = "backward: embed";
       L.alloc(kGrad, embed_grad);
@@ -667,32 +673,47 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.free(kGrad, Ti * C * b + T * C * b);  // the zero rows, go
       // The token embeddings' gradient (db) waits: the engine walks the image branch first.
       L.where = "backward: projector";
-      L.alloc(kGrad, Ti * Hp * b + C * Hp * b + C * b);  // linear_2: dx, dW, db
-      if (!first) L.free(kGrad, C * Hp * b + C * b);     // added into the held gradients
+      // A frozen projector weight gets no gradient; a frozen tower takes no dx and has no backward.
+      const std::string mp = "multi_modal_projector.";
+      const int64_t l2_grad = (trains(mp + "linear_2.weight") ? C * Hp * b : 0) + (trains(mp + "linear_2.bias") ? C * b : 0);
+      const int64_t l1_grad =
+          (trains(mp + "linear_1.weight") ? Hp * E * sf * sf * b : 0) + (trains(mp + "linear_1.bias") ? Hp * b : 0);
+      L.alloc(kGrad, Ti * Hp * b + l2_grad);  // linear_2: dx, dW, db
+      if (!first) L.free(kGrad, l2_grad);     // added into the held gradients
       L.free(kAct, Ti * Hp * b);
       L.free(kGrad, Ti * C * b);
       L.alloc(kGrad, Ti * Hp * b);  // gelu
       L.free(kGrad, Ti * Hp * b);
       L.free(kAct, Ti * Hp * b);
-      L.alloc(kGrad, TE + Hp * E * sf * sf * b + Hp * b);  // linear_1: dx, dW, db
-      if (!first) L.free(kGrad, Hp * E * sf * sf * b + Hp * b);
+      const int64_t l1_dx = vision_trains ? TE : 0;
+      L.alloc(kGrad, l1_dx + l1_grad);  // linear_1: dx, dW, db
+      if (!first) L.free(kGrad, l1_grad);
       L.free(kAct, TE);
       L.free(kGrad, Ti * Hp * b);
-      L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
-      L.alloc(kGrad, TE + 2 * E * b);
-      P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
-      L.free(kGrad, 2 * TE + (first ? 0 : 2 * E * b));
-      L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
-      for (int64_t l = P.LV_ - 1; l >= 0; --l) {
-        L.where = "backward: vision.block." + std::to_string(l);
-        if (regions) P.vision_block_forward_recorded(kAct);
-        P.vision_block_backward(first, !regions);
-        if (regions) L.free(kAct, 2 * TE);
+      if (vision_trains) {
+        const std::string vp = "vision_tower.vision_model.";
+        const int64_t post_grad = (trains(vp + "post_layernorm.weight") ? E * b : 0) + (trains(vp + "post_layernorm.bias") ? E * b : 0);
+        L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
+        L.alloc(kGrad, TE + post_grad);
+        P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
+        L.free(kGrad, 2 * TE + (first ? 0 : post_grad));
+        L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+        for (int64_t l = P.LV_ - 1; l >= 0; --l) {
+          L.where = "backward: vision.block." + std::to_string(l);
+          if (regions) P.vision_block_forward_recorded(kAct);
+          P.vision_layer_ = l;
+          P.vision_block_backward(first, !regions);
+          if (regions) L.free(kAct, 2 * TE);
+        }
+        L.where = "backward: vision embed";
+        const std::string ve = vp + "embeddings.";
+        const int64_t embed_grads = (trains(ve + "patch_embedding.weight") ? E * 3 * P2 * b : 0) +
+                                    (trains(ve + "patch_embedding.bias") ? E * b : 0) +
+                                    (trains(ve + "position_embedding.weight") ? Tv / B * E * b : 0);
+        L.alloc(kGrad, embed_grads);  // patch GEMM dW, db; position gradient
+        L.free(kGrad, TE + (first ? 0 : embed_grads));
+        L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
       }
-      L.where = "backward: vision embed";
-      L.alloc(kGrad, E * 3 * P2 * b + E * b + Tv / B * E * b);  // patch GEMM dW, db; position gradient
-      L.free(kGrad, TE + (first ? 0 : E * 3 * P2 * b + E * b + Tv / B * E * b));
-      L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
       L.where = "backward: embed";
       L.alloc(kGrad, embed_grad);
       L.free(kGrad, T * C * b);
@@ -748,7 +769,8 @@ json MemoryPlan::to_json() const {
   for (int t = 0; t < kNumMemoryTags; ++t) tags[std::string(tag_name(static_cast<MemoryTag>(t)))] = tag_peak[t];
   return json{{"peak", peak},           {"peak_where", peak_where}, {"external", external}, {"budget", budget},
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
-              {"precision", precision}, {"recompute", recompute}, {"layer_bytes_per_token", layer_bytes_per_token},   {"device", device},     {"tags", tags},
+              {"trainable_parameters", trainable_parameters},
+              {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
               {"optimizer_offload", optimizer_offload}, {"mlp_tile_tokens", mlp_tile_tokens},
               {"world_size", world_size}, {"zero", zero},
               {"host_activations", host_activations}, {"host_gradients", host_gradients},
@@ -777,6 +799,11 @@ std::string MemoryPlan::table() const {
                   zero == 0 ? ": every rank holds all gradients and optimizer state"
                   : zero == 1 ? ": optimizer state divided over the ranks"
                               : ": optimizer state and kept gradients divided over the ranks");
+    os << buf;
+  }
+  if (trainable_parameters != parameters) {
+    std::snprintf(buf, sizeof buf, "  train.trainable: %.2fM of them train (gradients and optimizer state for those only)\n",
+                  trainable_parameters / 1e6);
     os << buf;
   }
   if (mlp_tile_tokens > 0) {
@@ -812,7 +839,7 @@ std::string MemoryPlan::table() const {
     os << buf;
   }
   if (host_activations > 0) {
-    std::snprintf(buf, sizeof buf, "host (recompute with offload): region inputs %s in pinned memory\n",
+    std::snprintf(buf, sizeof buf, "host (recompute=offload): region inputs %s in pinned memory\n",
                   format_bytes(host_activations).c_str());
     os << buf;
   }

@@ -147,11 +147,20 @@ OptimizerStateBytes optimizer_state_bytes_per_param(const OptimizerPlacement& pl
   return b;
 }
 
+namespace {
+int64_t trainable_numel(const models::ParameterList& params) {
+  int64_t n = 0;
+  for (auto& [name, p] : params.items()) n += p->requires_grad() ? p->numel() : 0;
+  return n;
+}
+}  // namespace
+
 int64_t AdamW::host_state_bytes_for(const models::ParameterList& params, DType state_dtype) {
-  return static_cast<int64_t>(static_cast<double>(params.numel()) * (4 + moment_bytes(state_dtype)));
+  return static_cast<int64_t>(static_cast<double>(trainable_numel(params)) * (4 + moment_bytes(state_dtype)));
 }
 
-AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, OptimizerPlacement placement)
+AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, OptimizerPlacement placement,
+             const ParameterGroupFn& groups)
     : options_(options), placement_(placement) {
   TagScope tag(MemoryTag::OptimizerState);
   const DType sd = placement_.state_dtype;
@@ -168,9 +177,14 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
                 "optimizer", "optimizer.master_weights \"none\" is implemented for the state on the device "
                 "(optimizer.offload=\"none\"): the host offload keeps an f32 master in host memory, which costs no "
                 "device memory; set optimizer.master_weights=\"f32\" with optimizer.offload=\"host\"");
+  // Frozen parameters (requires_grad false: train.trainable) get no slot, so no state and no update.
+  auto group_of = [&](const std::string& name, const Tensor& p) {
+    return groups ? groups(name, p) : ParameterGroup{options_.weight_decay, 1.0};
+  };
   if (placement_.offload == OptimizerOffload::None) {
     for (auto& [name, p] : params.items()) {
-      Slot s{name, p, Tensor(), Tensor(), Tensor(), {}};
+      if (!p->requires_grad()) continue;
+      Slot s{name, p, Tensor(), Tensor(), Tensor(), {}, group_of(name, *p)};
       MemoryLabelScope label("adamw." + name, /*nested=*/false);
       const bool sixteen = p->dtype() == DType::BF16 || p->dtype() == DType::F16;
       if (p->dtype() != DType::F32 && !(sixteen && placement_.master_weights == MasterWeights::None))
@@ -187,10 +201,10 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
     // Host offload: check that the host can hold the state before taking any of it.
     const int64_t need = host_state_bytes_for(params, sd), avail = host_memory_available();
     if (avail >= 0 && need > avail) {
-      const int64_t master = params.numel() * 4, moments = need - master;
+      const int64_t master = trainable_numel(params) * 4, moments = need - master;
       std::ostringstream os;
       os << "optimizer.offload=host needs " << format_bytes(need) << " of host memory for the AdamW state of "
-         << params.numel() << " parameters (f32 master " << format_bytes(master) << ", exp_avg + exp_avg_sq "
+         << trainable_numel(params) << " parameters (f32 master " << format_bytes(master) << ", exp_avg + exp_avg_sq "
          << format_bytes(moments) << " in " << optimizer_state_dtype_name(sd) << ") but the host has "
          << format_bytes(avail) << " available (MemAvailable). Free host memory, use a machine with more, "
          << (sd != DType::U8 ? "store the moments in 8 bits (optimizer.state_dtype=q8: about 6 instead of 12 bytes per "
@@ -201,7 +215,8 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
       throw make_error("optimizer", os.str());
     }
     for (auto& [name, p] : params.items()) {
-      Slot s{name, p, Tensor(), Tensor(), Tensor(), {}};
+      if (!p->requires_grad()) continue;
+      Slot s{name, p, Tensor(), Tensor(), Tensor(), {}, group_of(name, *p)};
       MemoryLabelScope label("adamw." + name, /*nested=*/false);
       // f32 master: the parameter's values, converted on the host.
       Tensor host_param = p->to(Device::cpu());
@@ -245,7 +260,7 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
         }
         AdamWOptions o = options_;
         o.lr = lr_;
-        if (placement_.offload == OptimizerOffload::Host) update_slots_offloaded({k}, o);
+        if (placement_.offload == OptimizerOffload::Host) update_group_offloaded({k}, slot_options(k, o));
         else update_slot(k, grad, o);
         param.zero_grad();  // the gradient goes now (the hook's caller holds the last reference)
       });
@@ -267,8 +282,16 @@ Tensor AdamW::sqrt_of(const Tensor& t) { return sqrt(t); }
 
 AdamW::~AdamW() = default;
 
-void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& o) {
+AdamWOptions AdamW::slot_options(size_t k, const AdamWOptions& step) const {
+  AdamWOptions o = step;
+  o.lr = step.lr * slots_[k].group.lr_scale;
+  o.weight_decay = slots_[k].group.weight_decay;
+  return o;
+}
+
+void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& step_options) {
   Slot& s = slots_[k];
+  const AdamWOptions o = slot_options(k, step_options);
   const bool q8 = placement_.state_dtype == DType::U8;
   // Without a master a 16-bit parameter is rounded stochastically; with one, its copy to nearest.
   const uint64_t sr = s.master.defined() ? 0 : stream_seed(k, 1);
@@ -324,6 +347,21 @@ void AdamW::step_offloaded(double lr) {
 }
 
 void AdamW::update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) {
+  // The host update's constants hold the lr and decay: one pass through the ring per parameter group.
+  std::vector<std::pair<size_t, std::vector<size_t>>> by_group;  // first slot of the group, its slots
+  for (size_t k : slots) {
+    auto same = [&](const auto& g) {
+      const ParameterGroup &a = slots_[g.first].group, &b = slots_[k].group;
+      return a.weight_decay == b.weight_decay && a.lr_scale == b.lr_scale;
+    };
+    auto it = std::find_if(by_group.begin(), by_group.end(), same);
+    if (it == by_group.end()) by_group.push_back({k, {k}});
+    else it->second.push_back(k);
+  }
+  for (const auto& [first, ks] : by_group) update_group_offloaded(ks, slot_options(first, o));
+}
+
+void AdamW::update_group_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) {
   const HostAdamWConstants c = HostAdamWConstants::make(o, step_);
   const DType sd = placement_.state_dtype;
   const bool q8 = sd == DType::U8;

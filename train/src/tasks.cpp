@@ -8,6 +8,8 @@
 #include "kestrel/train/bpe_tokenizer.h"
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/vlm_data.h"
+#include "kestrel/runtime/log.h"
+#include "vlm_init.h"
 
 namespace kestrel::train {
 namespace {
@@ -36,7 +38,7 @@ Config model_config(const json& cfg) {
 class VlmTask final : public Task {
  public:
   VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]), dtype_(dtype) {
-    models::VlmConfig mc = model_config<models::VlmConfig>(cfg);
+    models::VlmConfig mc = resolve_vlm_config(cfg);  // towers' configs from model.vision_from / text_from
     const std::string type = data_cfg_["type"];
     KESTREL_CHECK(type == "shapes" || type == "jsonl", "train", "data.type '", type,
                   "' does not fit model.type \"vlm\"; use \"shapes\" (embedded) or \"jsonl\" (image-text records)");
@@ -54,6 +56,7 @@ class VlmTask final : public Task {
       TagScope tag(MemoryTag::Parameter);
       model_ = std::make_unique<models::Vlm>(mc, dtype, device, cfg["train"]["seed"].get<uint64_t>());
     }
+    load_pretrained_towers(*model_, cfg, [](const std::string& line) { log_message(LogLevel::Info, "train", line); });
     ShapesConfig sc;
     sc.image_size = data_cfg_["image_size"];
     sc.seed = data_cfg_["seed"];
@@ -126,6 +129,10 @@ class VlmTask final : public Task {
 class DecoderTask final : public Task {
  public:
   DecoderTask(const json& cfg, DType dtype, Device device) : device_(device) {
+    for (const char* k : {"vision_from", "text_from"})
+      KESTREL_CHECK(cfg["model"].value(k, std::string()).empty(), "train", "model.", k, " applies to model.type "
+                    "\"vlm\"; a decoder starts from a folder with model.config_path = DIR/config.json and "
+                    "model.init_from = DIR");
     models::TextConfig tc = model_config<models::TextConfig>(cfg);
     const json& d = cfg["data"];
     KESTREL_CHECK(d["type"] == "tokens", "train", "data.type '", d["type"].get<std::string>(),

@@ -22,7 +22,14 @@ json default_train_config() {
   // The memory settings default to the environment's (KESTREL_*; memory_config.h lists them).
   const MemoryConfig& mem = default_memory_config();
   return json{
-      {"model", {{"type", "vlm"}, {"config", json::object()}, {"config_path", ""}, {"init_from", ""}}},
+      // vision_from / text_from: pretrained towers from HF folders under a fresh projector (vlm_init.h).
+      {"model",
+       {{"type", "vlm"},
+        {"config", json::object()},
+        {"config_path", ""},
+        {"init_from", ""},
+        {"vision_from", ""},
+        {"text_from", ""}}},
       {"data",
        {{"type", "shapes"},
         {"image_size", 32},
@@ -43,6 +50,11 @@ json default_train_config() {
         {"min_lr", 1e-4},
         {"warmup_steps", 10},
         {"weight_decay", 0.01},
+        // Parameter groups (train/src/param_groups.h): which parameters train (globs over HF names),
+        // which decay ("matrices": >= 2-D only), the vision tower's lr as a multiple of lr.
+        {"trainable", json::array({"*"})},
+        {"weight_decay_params", "matrices"},
+        {"vision_lr_scale", 1.0},
         {"beta1", 0.9},
         {"beta2", 0.95},
         {"eps", 1e-8},

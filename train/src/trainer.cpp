@@ -30,6 +30,7 @@
 #include "data_parallel.h"
 #include "zero.h"
 #include "gradient_stream.h"
+#include "param_groups.h"
 #include "tasks.h"
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
@@ -62,7 +63,6 @@ struct Trainer::Impl {
   Device device;
   DType dtype;
   autograd::RecomputePolicy policy;
-  std::string recompute_name;  // as the config names it (RunConfig::recompute_name)
   std::unique_ptr<Task> task;
   std::unique_ptr<AdamW> optim;
   LrSchedule schedule;
@@ -107,21 +107,7 @@ struct Trainer::Impl {
   };
 
   explicit Impl(const json& c, std::shared_ptr<Communicator> cm) : cfg(c), comm(std::move(cm)) {
-    RunConfig run = RunConfig::resolve(cfg);
-    if (run.recompute_auto) {
-      // recompute "auto": the planner's choice for the budget (choose_recompute, memory_plan.h); the
-      // config then names it, so the MLP tile below is planned with it.
-      std::string chosen = "recompute";
-      try {
-        chosen = choose_recompute(cfg);
-      } catch (const Error& e) {
-        log(std::string("recompute auto: no plan for this run (") + e.what() + "); full recompute");
-      }
-      cfg["recompute"] = chosen;
-      run = RunConfig::resolve(cfg);
-      log("recompute auto: " + chosen + (run.has_budget() ? " (the fastest that fits " + run.memory_budget + ")" : ""));
-    }
-    recompute_name = run.recompute_name();
+    const RunConfig run = RunConfig::resolve(cfg);
     device = run.device;
     dtype = run.dtype;
     policy = run.recompute;
@@ -162,8 +148,6 @@ struct Trainer::Impl {
     task->set_deterministic(run.deterministic);
     if (run.deterministic && device.is_cuda()) log("train.deterministic: fixed-order embedding and attention backward");
     if (models::Decoder* dec = task->decoder()) {
-      // Selective recompute: each layer's region also keeps attention's output and lse.
-      dec->set_layer_recompute(run.recompute_selective ? models::LayerRecompute::Selective : models::LayerRecompute::Full);
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
       int64_t tile = run.mlp_tile_tokens;
       if (run.mlp_tile_auto) {
@@ -182,6 +166,13 @@ struct Trainer::Impl {
                                                                                  run.memory_budget + ")" : ""));
     }
     if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(task->parameters(), init);
+    // train.trainable / weight_decay_params / vision_lr_scale (param_groups.h): frozen parameters stop
+    // requiring grad here, before anything registers hooks or optimizer state on them.
+    const ParameterGroupRules groups = ParameterGroupRules::from_config(cfg);
+    const int64_t trainable = apply_trainable(task->parameters(), groups);
+    if (!groups.trains_everything())
+      log("train.trainable: " + std::to_string(trainable) + " of " + std::to_string(num_params()) +
+          " parameters train, the others are frozen");
     AdamWOptions ao;
     ao.lr = tr["lr"];
     ao.beta1 = tr["beta1"];
@@ -202,7 +193,9 @@ struct Trainer::Impl {
       owners = assign_parameter_owners(task->parameters(), comm->world_size());
       owned = owned_parameters(task->parameters(), owners, comm->rank());
     }
-    optim = std::make_unique<AdamW>(zero > 0 ? owned : task->parameters(), ao, placement);
+    optim = std::make_unique<AdamW>(zero > 0 ? owned : task->parameters(), ao, placement, [&](const std::string& name, const Tensor& p) {
+      return groups.group(name, p.dim(), ao.weight_decay);
+    });
     step_in_backward = placement.step_in_backward;
     // optimizer.gradients "host": each gradient leaves the device as backward completes it.
     const std::string grads_at = cfg["optimizer"]["gradients"];
@@ -557,7 +550,7 @@ TrainSummary Trainer::run() {
   std::snprintf(buf, sizeof buf, "kestrel-train: %s with %.2fM parameters on %s (%s), batch %lld x %lld, %lld steps, recompute %s",
                 I.task->name().c_str(), I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
-                static_cast<long long>(I.total_steps), I.recompute_name.c_str());
+                static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
   if (I.optim->placement().offload == OptimizerOffload::Host)
     std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), ", AdamW state on the host (%s)",
                   format_bytes(I.optim->host_state_bytes()).c_str());

@@ -128,12 +128,26 @@ struct VisionConfig {
 // spliced at positions holding image_token_id.
 // Defaults: pixel_shuffle_factor 2, projector_hidden_size = text hidden_size; image_token_id is
 // required (there is no sensible default).
+// LLaVA's computation (what `kestrel-train export --format llava` writes, issue 24): pixel_shuffle_factor
+// 1, projector_hidden_size = text hidden_size, projector_hidden_act "gelu" (LlavaMultiModalProjector's
+// default: erf GELU; "gelu_pytorch_tanh" is Kestrel's default) and vision_feature_layer set: the image
+// features are then hidden_states[vision_feature_layer] of the tower as transformers counts them
+// (0 = the embeddings, k = after block k, negative from the end; -1 = the last block's output), with no
+// post_layernorm. Absent (Kestrel's default), the features are the tower's post_layernorm output.
 struct VlmConfig {
   VisionConfig vision_config;
   TextConfig text_config;
   int64_t pixel_shuffle_factor = 2;
   int64_t projector_hidden_size = 0;
   int64_t image_token_id = -1;
+  std::string projector_hidden_act = "gelu_pytorch_tanh";  // or "gelu" (erf)
+  std::optional<int64_t> vision_feature_layer;              // LLaVA's feature layer; none = post_layernorm output
+  // Vision blocks the features need (all when vision_feature_layer is absent).
+  int64_t vision_blocks_used() const {
+    if (!vision_feature_layer) return vision_config.num_hidden_layers;
+    const int64_t n = vision_config.num_hidden_layers + 1;  // hidden_states entries
+    return *vision_feature_layer < 0 ? n + *vision_feature_layer : *vision_feature_layer;
+  }
 
   // Image tokens per image after pixel shuffle.
   int64_t image_tokens_per_image() const {

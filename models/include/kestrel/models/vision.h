@@ -28,6 +28,11 @@ class VisionTower {
 
   // pixel_values [B, C, H, W] (model dtype) -> [B * num_patches, E] (each image one document).
   Tensor forward(const Tensor& pixel_values, autograd::RecomputePolicy policy = autograd::RecomputePolicy::None) const;
+  // hidden_states[k] as transformers' SiglipVisionModel returns them (output_hidden_states): the
+  // embeddings for k = 0, else block k's output, without post_layernorm; blocks past k do not run.
+  // LLaVA's image features (VlmConfig::vision_feature_layer). [B * num_patches, E].
+  Tensor hidden_state(const Tensor& pixel_values, int64_t k,
+                      autograd::RecomputePolicy policy = autograd::RecomputePolicy::None) const;
 
   // Attention's dQ summed in a fixed order (AttentionOptions::deterministic); see Decoder.
   void set_deterministic(bool on) { deterministic_ = on; }
@@ -35,6 +40,7 @@ class VisionTower {
 
  private:
   Tensor block_forward(int index, const Tensor& x, const Tensor& cu_seqlens, int64_t n) const;
+  Tensor blocks_forward(const Tensor& pixel_values, int64_t blocks, autograd::RecomputePolicy policy) const;
 
   VisionConfig config_;
   DType dtype_;

@@ -26,6 +26,7 @@
 //   refuses such configs naming the keys. Usage: begin_step(lr); backward(...); end_step().
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -85,6 +86,15 @@ OptimizerPlacement optimizer_placement_from_config(const nlohmann::json& cfg, De
 OptimizerStateBytes optimizer_state_bytes_per_param(const OptimizerPlacement& placement, DType param_dtype,
                                                     bool on_cuda);
 
+// Per-parameter settings (issue 24, train/src/param_groups.h): the parameter's weight decay and its
+// learning rate as a multiple of the step's.
+struct ParameterGroup {
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;
+};
+// Gives each trainable parameter its group; none: every parameter takes AdamWOptions::weight_decay, scale 1.
+using ParameterGroupFn = std::function<ParameterGroup(const std::string& name, const Tensor& param)>;
+
 // What one offloaded step did (all zero for offload None).
 struct OptimizerStepStats {
   double host_ms = 0;        // wall time of the step on the host
@@ -95,7 +105,9 @@ struct OptimizerStepStats {
 
 class AdamW {
  public:
-  AdamW(const models::ParameterList& params, AdamWOptions options, OptimizerPlacement placement = {});
+  // Parameters that do not require grad (frozen: train.trainable) get no slot: no state, no update.
+  AdamW(const models::ParameterList& params, AdamWOptions options, OptimizerPlacement placement = {},
+        const ParameterGroupFn& groups = {});
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -127,7 +139,8 @@ class AdamW {
   std::vector<std::pair<std::string, Tensor>> state() const;
   void load_state(const std::map<std::string, Tensor>& tensors, int64_t step);
 
-  // Host memory the offloaded state of `params` takes (what the constructor checks against the host).
+  // Host memory the offloaded state of `params` takes (what the constructor checks against the host;
+  // trainable parameters only).
   static int64_t host_state_bytes_for(const models::ParameterList& params, DType state_dtype = DType::F32);
 
   // Private: the offload pipeline (train/src/host_staging.h).
@@ -140,10 +153,13 @@ class AdamW {
     Tensor master;  // f32 copy when the parameter is not f32 (always, on the host, when offloaded)
     Tensor m, v;  // f32, or bf16 (OptimizerPlacement::state_dtype) when offloaded; undefined for q8
     Q8Moments q8;  // state_dtype U8: the 8-bit codes and block scales
+    ParameterGroup group;  // weight decay and lr multiplier
   };
   void step_offloaded(double lr);
   void update_slot(size_t k, const Tensor& grad, const AdamWOptions& o);  // on the device
-  void update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);
+  void update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);  // o: the step's
+  void update_group_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);  // o: the group's
+  AdamWOptions slot_options(size_t k, const AdamWOptions& step) const;  // the step's options with the slot's group
   uint64_t stream_seed(size_t slot, uint64_t salt) const;
   static Tensor sqrt_of(const Tensor& t);
 
