@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <sstream>
 
 #include "kestrel/autograd/recompute.h"
@@ -88,6 +89,12 @@ class Planner {
     const std::string p = "vision_tower.vision_model.encoder.layers." + std::to_string(vision_layer_) + "." + module;
     return (trains(p + ".weight") ? weight_bytes : 0) + (trains(p + ".bias") ? bias_bytes : 0);
   }
+  // Selective recompute (models::LayerRecompute::Selective): each decoder region also keeps its
+  // attention output and lse from the forward (tag Activation, or Checkpoint once restored from the
+  // host under offload); the re-run reuses them instead of allocating new ones.
+  bool selective_ = false;
+  MemoryTag kept_tag_ = MemoryTag::Activation;
+  int64_t attention_kept_bytes() const { return s_.T * Hq_ * D_ * s_.b + s_.T * Hq_ * 4; }
   const bool cuda_;  // CUDA kernels: their Workspace buffers (memory_plan_workspace.h) instead of the CPU's scratch
   const int64_t mlp_tile_;  // the decoder MLP's token tile (0: untiled linear/swiglu ops)
 
@@ -100,8 +107,9 @@ class Planner {
 
   // --- decoder layer (models/src/decoder.cpp: layer_forward) ---
   // Forward with recording: allocations in order; the saved set stays.
-  void decoder_layer_forward_recorded(MemoryTag tag) {
+  void decoder_layer_forward_recorded(MemoryTag tag, bool rerun = false) {
     const int64_t T = s_.T, b = s_.b;
+    const bool reuse_attention = rerun && selective_;  // a selective re-run takes the kept out and lse
     led.alloc(tag, T * C_ * b + T * 4);              // rms_norm y, rstd (saved)
     led.alloc(tag, T * Hq_ * D_ * b);                // q linear (freed by rope)
     led.alloc(tag, 2 * T * Hkv_ * D_ * b);           // k, v linear (v saved by attention)
@@ -109,7 +117,7 @@ class Planner {
     led.free(tag, T * Hq_ * D_ * b);                 // pre-rope q released
     led.alloc(tag, T * Hkv_ * D_ * b);               // rope(k) saved
     led.free(tag, T * Hkv_ * D_ * b);                // pre-rope k released
-    led.alloc(tag, T * Hq_ * D_ * b + T * Hq_ * 4);  // attention out, lse (saved)
+    if (!reuse_attention) led.alloc(tag, T * Hq_ * D_ * b + T * Hq_ * 4);  // attention out, lse (saved)
     led.alloc(tag, T * C_ * b);                      // o_proj out (transient)
     led.alloc(tag, 2 * T * C_ * b + T * 4);          // add_rms_norm y, h, rstd (saved)
     led.free(tag, T * C_ * b);                       // o_proj out released
@@ -144,8 +152,8 @@ class Planner {
     led.alloc(kAct, T * Hkv_ * D_ * b);
     led.free(kAct, T * Hkv_ * D_ * b);
     led.alloc(kAct, T * Hq_ * D_ * b + T * Hq_ * 4 + T * C_ * b);  // attention out, lse, o_proj out
-    int64_t attn_live = attn + T * Hq_ * D_ * b + T * Hq_ * 4;
-    led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays)
+    int64_t attn_live = attn + (selective_ ? 0 : attention_kept_bytes());
+    led.free(kAct, attn_live);  // the attention block's locals (o_proj out stays; selective: out and lse too)
     const int64_t mlp = mlp_tile_ > 0 ? 0 : 3 * T * I_ * b;  // gate, up, swiglu (untiled)
     led.alloc(kAct, 2 * T * C_ * b + T * 4 + mlp + T * C_ * b);  // y, h, rstd, [gate, up, swiglu,] down
     if (mlp_tile_ > 0) tile_scratch(kAct, 3);
@@ -220,7 +228,8 @@ class Planner {
       led.free(kGrad, T * Hq_ * 4);
     }
     led.free(kGrad, Q);
-    led.free(kAct, Q + 2 * K + Q + T * Hq_ * 4);
+    led.free(kAct, Q + 2 * K);                  // q, k, v
+    led.free(selective_ ? kept_tag_ : kAct, Q + T * Hq_ * 4);  // out, lse
     // rope backward (k then q), v/k/q linears: dx each [T, C], accumulated out of place.
     led.alloc(kGrad, K);
     led.free(kGrad, K);
@@ -377,6 +386,13 @@ int64_t vlm_parameter_count(const models::VlmConfig& mc) {
 }  // namespace
 
 MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
+  if (RunConfig::resolve(cfg).recompute_auto) {
+    json chosen = cfg;
+    chosen["recompute"] = choose_recompute(cfg, options);
+    MemoryPlan p = plan_memory(chosen, options);
+    p.recompute += " (auto)";
+    return p;
+  }
   MemoryPlan plan;
   std::string type = cfg["model"]["type"];
   KESTREL_CHECK(type == "vlm" || type == "decoder", "plan", "model.type '", type,
@@ -407,7 +423,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const int64_t state_shard = plan.zero >= 1 ? W : 1;  // ZeRO-1/2: each rank's AdamW owns ~1/W
   plan.device = on_cuda ? "cuda" : "cpu";
   plan.precision = std::string(dtype_name(dtype));
-  plan.recompute = autograd::policy_name(policy);
+  plan.recompute = run.recompute_name();
   plan.external = options.external_bytes >= 0 ? options.external_bytes : (on_cuda ? int64_t{560} << 20 : 0);
   plan.budget = run.memory_budget_bytes;
 
@@ -454,6 +470,10 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
 
   plan.mlp_tile_tokens = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg, options) : run.mlp_tile_tokens;
   Planner P(mc, s, policy, on_cuda, plan.mlp_tile_tokens);
+  P.selective_ = run.recompute_selective && policy != RecomputePolicy::None;
+  plan.layer_bytes_per_token = policy == RecomputePolicy::None
+                                   ? P.decoder_layer_saved() / std::max<int64_t>(s.T, 1)
+                                   : P.C_ * s.b + (P.selective_ ? P.Hq_ * P.D_ * s.b + P.Hq_ * 4 : 0);
   P.trains = trains;
   P.text_prefix = vlm ? "language_model." : "";
   const std::string tp = P.text_prefix;
@@ -576,10 +596,23 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     // Offload regions (autograd/src/recompute.cpp, runtime/cuda/offloader.cpp): each region input
     // goes to pinned host memory after its region's forward; its block returns when the copy lands.
     // The offloader lets 256 MiB of copies, and always two, be in flight before the host waits.
+    // Selective regions offload the kept attention output and lse after the input, as copies of their own.
     const bool offload = policy == RecomputePolicy::Offload && on_cuda;
     const int64_t region_input = T * C * b;
-    const int64_t max_in_flight = std::max<int64_t>(2, (int64_t{256} << 20) / std::max<int64_t>(region_input, 1));
-    int64_t in_flight = 0;
+    const int64_t kept_out = P.selective_ ? T * P.Hq_ * P.D_ * b : 0, kept_lse = P.selective_ ? T * P.Hq_ * 4 : 0;
+    if (offload && P.selective_) P.kept_tag_ = MemoryTag::Checkpoint;
+    std::deque<int64_t> copies;  // offload copies in flight, oldest first (runtime/cuda/offloader.cpp: throttle)
+    int64_t in_flight = 0;       // their bytes
+    auto offload_copy = [&](int64_t bytes) {
+      if (bytes == 0) return;
+      copies.push_back(bytes);
+      in_flight += bytes;
+      while (in_flight > run.memory.offload_inflight && copies.size() > 2) {  // the host waits for the oldest
+        L.free(kAct, copies.front());
+        in_flight -= copies.front();
+        copies.pop_front();
+      }
+    };
     for (int64_t l = 0; l < P.L_; ++l) {
       L.where = "forward: decoder.layer." + std::to_string(l);
       if (regions)
@@ -587,15 +620,16 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       else
         P.decoder_layer_forward_recorded(kAct);
       if (offload) {
-        if (in_flight == max_in_flight) L.free(kAct, region_input);  // the oldest copy has landed
-        in_flight = std::min(in_flight + 1, max_in_flight);
+        offload_copy(region_input);
+        offload_copy(kept_out);
+        offload_copy(kept_lse);
       }
     }
     L.where = "forward: final norm + loss";
     L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
     L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
-    L.free(kAct, in_flight * region_input);  // the last copies land during the loss
-    if (offload) plan.host_activations = P.L_ * region_input;
+    L.free(kAct, in_flight);  // the last copies land during the loss
+    if (offload) plan.host_activations = P.L_ * (region_input + kept_out + kept_lse);
     // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
     // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
     // chunk's d_hidden. CUDA: the launcher's workspace in forward; in backward the lse-based pass's
@@ -624,7 +658,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     L.free(MemoryTag::Workspace, ce_backward);
     // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
     if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, head_grad);
-    if (!tc.tie_word_embeddings) shed(V * C * b);
+    if (!tc.tie_word_embeddings) shed(head_grad);
     L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
@@ -633,15 +667,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     P.workspace(cuda_norm_backward_workspace_bytes(T, C, 1));
     L.free(kGrad, T * C * b + (first ? 0 : norm_grad));
     if (drop_grads) L.free(kGrad, norm_grad);  // the final norm's weight gradient, at its hook
-    shed(C * b);
+    shed(norm_grad);
     L.free(kAct, T * C * b + T * 4);  // its input (the last layer's output), rstd
     // Offloaded inputs come back one region ahead: the top region's at the loss, region l - 1's as
     // region l starts.
-    if (offload && P.L_ > 0) L.alloc(MemoryTag::Checkpoint, region_input);
+    if (offload && P.L_ > 0) L.alloc(MemoryTag::Checkpoint, region_input + kept_out + kept_lse);
     for (int64_t l = P.L_ - 1; l >= 0; --l) {
       L.where = "backward: decoder.layer." + std::to_string(l);
-      if (offload && l > 0) L.alloc(MemoryTag::Checkpoint, region_input);
-      if (regions) P.decoder_layer_forward_recorded(kAct);  // the re-run on the inner tape (Activation)
+      if (offload && l > 0) L.alloc(MemoryTag::Checkpoint, region_input + kept_out + kept_lse);
+      if (regions) P.decoder_layer_forward_recorded(kAct, true);  // the re-run on the inner tape (Activation)
       P.layer_ = l;
       P.decoder_layer_backward(first, !regions);
       if (offload) {
@@ -770,7 +804,7 @@ json MemoryPlan::to_json() const {
   return json{{"peak", peak},           {"peak_where", peak_where}, {"external", external}, {"budget", budget},
               {"fits", fits},           {"headroom", headroom},     {"tokens", tokens},     {"parameters", parameters},
               {"trainable_parameters", trainable_parameters},
-              {"precision", precision}, {"recompute", recompute},   {"device", device},     {"tags", tags},
+              {"precision", precision}, {"recompute", recompute}, {"layer_bytes_per_token", layer_bytes_per_token},   {"device", device},     {"tags", tags},
               {"optimizer_offload", optimizer_offload}, {"mlp_tile_tokens", mlp_tile_tokens},
               {"world_size", world_size}, {"zero", zero},
               {"host_activations", host_activations}, {"host_gradients", host_gradients},
@@ -839,7 +873,7 @@ std::string MemoryPlan::table() const {
     os << buf;
   }
   if (host_activations > 0) {
-    std::snprintf(buf, sizeof buf, "host (recompute=offload): region inputs %s in pinned memory\n",
+    std::snprintf(buf, sizeof buf, "host (recompute with offload): region inputs %s in pinned memory\n",
                   format_bytes(host_activations).c_str());
     os << buf;
   }

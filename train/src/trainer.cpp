@@ -63,6 +63,7 @@ struct Trainer::Impl {
   Device device;
   DType dtype;
   autograd::RecomputePolicy policy;
+  std::string recompute_name;  // as the config names it (RunConfig::recompute_name)
   std::unique_ptr<Task> task;
   std::unique_ptr<AdamW> optim;
   LrSchedule schedule;
@@ -107,7 +108,21 @@ struct Trainer::Impl {
   };
 
   explicit Impl(const json& c, std::shared_ptr<Communicator> cm) : cfg(c), comm(std::move(cm)) {
-    const RunConfig run = RunConfig::resolve(cfg);
+    RunConfig run = RunConfig::resolve(cfg);
+    if (run.recompute_auto) {
+      // recompute "auto": the planner's choice for the budget (choose_recompute, memory_plan.h); the
+      // config then names it, so the MLP tile below is planned with it.
+      std::string chosen = "recompute";
+      try {
+        chosen = choose_recompute(cfg);
+      } catch (const Error& e) {
+        log(std::string("recompute auto: no plan for this run (") + e.what() + "); full recompute");
+      }
+      cfg["recompute"] = chosen;
+      run = RunConfig::resolve(cfg);
+      log("recompute auto: " + chosen + (run.has_budget() ? " (the fastest that fits " + run.memory_budget + ")" : ""));
+    }
+    recompute_name = run.recompute_name();
     device = run.device;
     dtype = run.dtype;
     policy = run.recompute;
@@ -148,6 +163,8 @@ struct Trainer::Impl {
     task->set_deterministic(run.deterministic);
     if (run.deterministic && device.is_cuda()) log("train.deterministic: fixed-order embedding and attention backward");
     if (models::Decoder* dec = task->decoder()) {
+      // Selective recompute: each layer's region also keeps attention's output and lse.
+      dec->set_layer_recompute(run.recompute_selective ? models::LayerRecompute::Selective : models::LayerRecompute::Full);
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
       int64_t tile = run.mlp_tile_tokens;
       if (run.mlp_tile_auto) {
@@ -550,7 +567,7 @@ TrainSummary Trainer::run() {
   std::snprintf(buf, sizeof buf, "kestrel-train: %s with %.2fM parameters on %s (%s), batch %lld x %lld, %lld steps, recompute %s",
                 I.task->name().c_str(), I.num_params() / 1e6, I.device.str().c_str(), std::string(dtype_name(I.dtype)).c_str(),
                 static_cast<long long>(I.batch_size), static_cast<long long>(I.accum),
-                static_cast<long long>(I.total_steps), autograd::policy_name(I.policy));
+                static_cast<long long>(I.total_steps), I.recompute_name.c_str());
   if (I.optim->placement().offload == OptimizerOffload::Host)
     std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), ", AdamW state on the host (%s)",
                   format_bytes(I.optim->host_state_bytes()).c_str());

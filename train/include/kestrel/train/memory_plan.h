@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "kestrel/runtime/memory.h"
 
@@ -45,7 +46,10 @@ struct MemoryPlan {
   int64_t mlp_tile_tokens = 0;  // the decoder MLP's token tile planned (0: untiled)
   int64_t world_size = 1;       // data-parallel ranks (the figures are one rank's, i.e. per GPU)
   int zero = 0;                 // distributed.zero planned (0 at world size 1)
-  std::string precision, recompute, device;
+  std::string precision, recompute, device;  // recompute as the config names it, "(auto)" when chosen
+  // What one decoder layer keeps for its backward, per token: everything its ops save (none), its
+  // input (full), its input + attention output + lse (selective); on the host when offloaded.
+  int64_t layer_bytes_per_token = 0;
   // offload regions: region inputs held in pinned host memory at the end of the forward
   int64_t host_activations = 0;
   // optimizer.gradients "host": the pinned copies of the parameter gradients
@@ -84,5 +88,26 @@ MemoryPlan plan_memory(const nlohmann::json& config, const PlanOptions& options 
 // the largest of 16384, 8192, 4096, 2048 and 1024 tokens (below the micro-batch's) whose plan fits,
 // else 1024.
 int64_t choose_mlp_tile_tokens(const nlohmann::json& config, const PlanOptions& options = {});
+
+// recompute "auto" (memory_plan_recompute.cpp): the fastest setting whose plan fits the budget with
+// 10% to spare (the MLP tile's margin, for the allocator's cache), trying "none", "selective",
+// "recompute" (full) and, on CUDA, "selective+offload" and "offload" in that order: each recomputes
+// more in backward or moves more over the host link than the one before. Without a budget, "none";
+// when nothing fits, the last one tried (the smallest footprint). An "auto" MLP tile is planned
+// untiled while choosing: the recompute setting is chosen first, the tile for what remains.
+std::string choose_recompute(const nlohmann::json& config, const PlanOptions& options = {});
+
+// What each recompute setting costs and saves for one run (kestrel-mem plan prints the table).
+struct RecomputeCost {
+  std::string name;                   // the config value
+  int64_t layer_bytes_per_token = 0;  // MemoryPlan::layer_bytes_per_token
+  int64_t peak = 0;                   // the plan's peak in use
+  int64_t host_activations = 0;       // pinned host bytes of offloaded regions
+  int64_t headroom = 0;
+  bool fits = true;
+  bool recomputes_attention = false;  // backward runs attention's forward again
+};
+std::vector<RecomputeCost> recompute_costs(const nlohmann::json& config, const PlanOptions& options = {});
+std::string recompute_costs_table(const std::vector<RecomputeCost>& costs, int64_t budget);
 
 }  // namespace kestrel::train
