@@ -93,6 +93,8 @@ TEST(MemoryPlanCuda, MatchesProfileOnQuickstart) {
   expect_plan_matches(cfg, "quickstart VLM, batch 32");
   cfg["recompute"] = "recompute";
   expect_plan_matches(cfg, "quickstart VLM, batch 32");
+  cfg["recompute"] = "selective";
+  expect_plan_matches(cfg, "quickstart VLM, batch 32, selective");
   fs::remove_all(dir);
 }
 
@@ -121,6 +123,8 @@ TEST(MemoryPlanCuda, MatchesProfileOnDecoderTokens) {
     expect_plan_matches(cfg, name);
     cfg["recompute"] = "recompute";
     expect_plan_matches(cfg, name);
+    cfg["recompute"] = "selective";  // attention's out and lse kept per layer, not re-run
+    expect_plan_matches(cfg, name + ", selective");
   }
   fs::remove_all(dir);
 }
