@@ -14,6 +14,7 @@
 #include "kestrel/models/vision.h"
 #include "kestrel/models/vlm.h"
 #include "kestrel/ops/norm.h"
+#include "kestrel/train/memory_plan.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "kestrel/train/vlm_export.h"
@@ -154,6 +155,25 @@ TEST(VlmInit, MismatchesAreRefusedNamingTheField) {
   e = error_of([&] { load_pretrained_towers(model, bad, [](const std::string&) {}); });
   EXPECT_NE(e.find("model.text_from"), std::string::npos) << e;
   EXPECT_NE(e.find("mlp.gate_proj.weight"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
+// kestrel-mem plan of a run whose towers come from folders: the configs are read from them, and
+// stage 1 plans the projector's optimizer state only.
+TEST(VlmInit, PlannerReadsTheTowersConfigs) {
+  const std::string dir = testing::fresh_temp_dir("kestrel_towers", "plan");
+  write_siglip(dir + "/siglip", false, 1);
+  write_text(dir + "/qwen", kText, 2);
+  json cfg = tower_run(dir, {{"image_token_id", 259}, {"pixel_shuffle_factor", 2}});
+  cfg["train"]["trainable"] = {"multi_modal_projector.*"};
+  MemoryPlan plan = plan_memory(cfg);
+  models::Vlm vlm(resolve_vlm_config(cfg), DType::F32, Device::cpu(), 1);
+  int64_t projector = 0;
+  for (auto& [name, t] : vlm.parameters().items())
+    if (name.starts_with("multi_modal_projector.")) projector += t->numel();
+  EXPECT_EQ(plan.parameters, vlm.parameters().numel());
+  EXPECT_EQ(plan.trainable_parameters, projector);
+  EXPECT_EQ(plan.tag_peak[static_cast<int>(MemoryTag::OptimizerState)], 8 * projector);
   fs::remove_all(dir);
 }
 
