@@ -98,5 +98,54 @@ TEST(DataParallelCuda, NcclAtWorldSizeOneEqualsThePlainRun) {
   }
 }
 
+TEST(DataParallelCuda, ZeroAtWorldSizeOneEqualsThePlainRun) {
+  // distributed.zero 1 and 2 through NCCL at world size 1: the owner broadcasts, the stage-2 buckets
+  // go through ncclReduce, the checkpoint holds optimizer-00000-of-00001.safetensors and resumes.
+  // Without clipping (stage 2's norm is sqrt of a squared partial) the parameters equal the plain
+  // run's bit for bit.
+  KESTREL_REQUIRE_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "libnccl.so.2 not loadable here";
+  const std::string dir = testing::fresh_temp_dir("kestrel_dp_cuda", "zero1");
+  nlohmann::json text = {{"model_type", "llama"}, {"vocab_size", 67}, {"hidden_size", 64}, {"intermediate_size", 96},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                         {"tie_word_embeddings", false}};
+  auto config = [&](const std::string& name, const char* backend, int zero, const char* offload) {
+    nlohmann::json cfg = testing::tiny_decoder_run(dir + "/" + name, text, 256, 1, 48, 4, "cuda:0");
+    cfg["train"]["steps"] = 4;
+    cfg["train"]["grad_clip"] = 0.0;
+    cfg["checkpoint_every"] = 2;
+    cfg["distributed"]["backend"] = backend;
+    cfg["distributed"]["zero"] = zero;
+    cfg["distributed"]["bucket_mib"] = 0.02;
+    cfg["optimizer"]["offload"] = offload;
+    cfg["train"]["deterministic"] = true;
+    return cfg;
+  };
+  auto run = [&](const nlohmann::json& cfg, const std::string& resume = "") {
+    Trainer t(cfg);
+    t.set_log_callback([](const std::string&) {});
+    t.resume(resume);
+    t.run();
+  };
+  run(config("plain", "none", 0, "none"));
+  const std::string plain = last_checkpoint(dir + "/plain/out");
+  for (int zero : {1, 2}) {
+    for (const char* offload : {"none", "host"}) {
+      const std::string name = "zero" + std::to_string(zero) + "_" + offload;
+      std::fprintf(stderr, "[ zero ] %s\n", name.c_str());
+      run(config(name, "nccl", zero, offload));
+      const std::string got = last_checkpoint(dir + "/" + name + "/out");
+      EXPECT_TRUE(std::filesystem::exists(got + "/optimizer-00000-of-00001.safetensors")) << got;
+      const auto [diff, same] = compare_checkpoints(plain, got);
+      std::printf("plain vs %s: %s (largest difference %.3g)\n", name.c_str(), same ? "bitwise equal" : "differ", diff);
+      EXPECT_TRUE(same) << name << ": largest difference " << diff;
+    }
+  }
+  // The sharded step-2 checkpoint resumed by a plain (zero 0, no NCCL) run continues it.
+  run(config("resumed", "none", 0, "none"), dir + "/zero2_none/out/checkpoints/step_00000002");
+  const auto [diff, same] = compare_checkpoints(plain, last_checkpoint(dir + "/resumed/out"));
+  EXPECT_TRUE(same) << "resumed from the zero-2 shard: largest difference " << diff;
+}
+
 }  // namespace
 }  // namespace kestrel::train
