@@ -470,6 +470,9 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
 
   plan.mlp_tile_tokens = run.mlp_tile_auto ? choose_mlp_tile_tokens(cfg, options) : run.mlp_tile_tokens;
   Planner P(mc, s, policy, on_cuda, plan.mlp_tile_tokens);
+  // LLaVA's features (vision_feature_layer): the blocks up to that hidden state run, no post_layernorm.
+  const bool post_ln = !mc.vision_feature_layer;
+  P.LV_ = vlm ? mc.vision_blocks_used() : 0;
   P.selective_ = run.recompute_selective && policy != RecomputePolicy::None;
   plan.layer_bytes_per_token = policy == RecomputePolicy::None
                                    ? P.decoder_layer_saved() / std::max<int64_t>(s.T, 1)
@@ -583,8 +586,12 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
         if (!vision_trains) L.free(kAct, TE);  // the block's input
       }
       L.where = "forward: projector";
-      L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
-      if (!vision_trains) L.free(kAct, TE + 2 * Tv * 4 + (B + 1) * 4);  // its input, mean, rstd; cu_seqlens
+      if (post_ln) {
+        L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
+        if (!vision_trains) L.free(kAct, TE + 2 * Tv * 4 + (B + 1) * 4);  // its input, mean, rstd; cu_seqlens
+      } else if (!vision_trains) {
+        L.free(kAct, (B + 1) * 4);  // cu_seqlens; the last block's output is the projector's input
+      }
       L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
       L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
       L.alloc(kAct, Ti * C * b);            // linear_2 (img)
@@ -727,11 +734,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       if (vision_trains) {
         const std::string vp = "vision_tower.vision_model.";
         const int64_t post_grad = (trains(vp + "post_layernorm.weight") ? E * b : 0) + (trains(vp + "post_layernorm.bias") ? E * b : 0);
-        L.alloc(kGrad, TE);  // post layernorm: contiguous copy of the permuted gradient, dx, dw, db
-        L.alloc(kGrad, TE + post_grad);
-        P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
-        L.free(kGrad, 2 * TE + (first ? 0 : post_grad));
-        L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+        L.alloc(kGrad, TE);  // contiguous copy of the permuted gradient; post layernorm: dx, dw, db
+        if (post_ln) {
+          L.alloc(kGrad, TE + post_grad);
+          P.workspace(cuda_norm_backward_workspace_bytes(Tv, E, 2));
+          L.free(kGrad, 2 * TE + (first ? 0 : post_grad));
+          L.free(kAct, TE + 2 * Tv * 4);  // its input (the last block's output), mean, rstd
+        } else {
+          L.free(kGrad, TE);  // linear_1's dx: the copy is the last block's output gradient
+        }
         for (int64_t l = P.LV_ - 1; l >= 0; --l) {
           L.where = "backward: vision.block." + std::to_string(l);
           if (regions) P.vision_block_forward_recorded(kAct);
