@@ -4,17 +4,19 @@
 // differs) and so is stage 2 without clipping (the reduce gives the owner the all-reduce's bits);
 // with clipping stage 2's norm sums the ranks' partials in another order (a stated bound). With
 // the host offload each rank offloads its shard, bit for bit the zero-0 offloaded run. Parameter ownership is
-// contiguous and balanced. Checkpoints hold the optimizer state per shard and resume onto another
-// world size (and stage).
+// contiguous and balanced. Checkpoints hold the optimizer state per shard (an incomplete shard set
+// is not trusted) and resume onto another world size (and stage). kestrel-mem's plan is per GPU.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <random>
 
 #include "data_parallel_fixtures.h"
+#include "kestrel/models/config.h"
 #include "kestrel/models/safetensors.h"
 #include "support/errors.h"
 #include "kestrel/train/memory_plan.h"
+#include "train/src/checkpoint_io.h"
 #include "train/src/zero.h"
 #include "trainer_fixtures.h"
 
@@ -151,6 +153,18 @@ TEST(Zero, CheckpointsHoldOneShardPerRankAndResumeOntoAnotherWorld) {
     const std::string f = "optimizer-0000" + std::to_string(r) + "-of-00004.safetensors";
     ASSERT_TRUE(files.count(f)) << f;
     names += files.at(f).size();
+  }
+  {
+    // A shard set missing one shard (dropped from the manifest as well as the folder) is not trusted.
+    const std::string copy = dir + "/damaged/checkpoints/step_00000002";
+    std::filesystem::create_directories(dir + "/damaged/checkpoints");
+    std::filesystem::copy(step2, copy, std::filesystem::copy_options::recursive);
+    EXPECT_EQ(verify_checkpoint(copy), "");
+    nlohmann::json m = models::read_json_file(copy + "/manifest.json", "test");
+    m["files"].erase("optimizer-00001-of-00004.safetensors");
+    models::write_json_file(copy + "/manifest.json", m, "test");
+    std::filesystem::remove(copy + "/optimizer-00001-of-00004.safetensors");
+    kestrel::testing::expect_has(verify_checkpoint(copy), {"3 of the 4 optimizer shards"});
   }
   const auto whole = optimizer_files(dir + "/one/checkpoints/step_00000002");
   ASSERT_EQ(whole.size(), 1u);
