@@ -26,6 +26,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// SIGTERM / SIGINT / SIGHUP to the launcher while it waits: passed on to the children (a scheduler
+// that ends the job's main process must not leave its ranks running).
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+// Installs the handlers for the launch and puts the previous ones back.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~SignalForwarding() {
+    for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGHUP};
+
+ private:
+  struct sigaction old_[3];
+};
+
 int free_port(const std::string& addr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   KESTREL_CHECK(fd >= 0, "launch", "socket: ", std::strerror(errno));
@@ -75,6 +99,7 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
   for (std::string& kv : process_environment())
     if (!launcher_variable(kv)) base.push_back(std::move(kv));
   std::vector<Child> kids(static_cast<size_t>(o.nproc));
+  SignalForwarding forwarding;
 
   // Ends every running child: SIGTERM now, SIGKILL past the grace period (in the loop below).
   auto terminate_all = [&] {
@@ -163,6 +188,13 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
         c.partial.erase(0, nl + 1);
       }
     }
+    // The launcher itself was told to stop: so are the ranks (a failure of none of them).
+    if (g_signal != 0 && !kill_at && result.exit_code == 0) {
+      result.exit_code = 128 + g_signal;
+      result.message = "the launcher received signal " + std::to_string(g_signal) + " and ended every rank";
+      terminate_all();
+      kill_at = Clock::now() + o.grace;
+    }
     // Reap the children that ended; the first failure ends the others.
     bool any_running = false;
     for (int r = 0; r < o.nproc; ++r) {
@@ -176,7 +208,7 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
       }
       c.running = false;
       const int code = w < 0 ? 255 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (code != 0 && result.failed_rank < 0) {
+      if (code != 0 && result.failed_rank < 0 && result.exit_code == 0) {
         result.failed_rank = r;
         result.exit_code = code;
         terminate_all();

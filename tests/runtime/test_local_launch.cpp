@@ -1,7 +1,8 @@
 // launch_local_workers (kestrel-train --nproc-per-node) with /bin/sh as a tiny fake child: every
 // rank gets torchrun's variables; the first failing rank ends the others (SIGTERM, then SIGKILL
 // past the grace period for one that ignores it) and its exit code and last stderr lines come back;
-// stderr lines are forwarded per rank; a program that cannot start is an error.
+// stderr lines are forwarded per rank; a SIGTERM to the launcher ends every rank; a program that
+// cannot start is an error.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,10 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/local_launch.h"
@@ -96,6 +101,20 @@ TEST(LocalLaunch, ASignalIsReportedAs128PlusItsNumber) {
   const LocalLaunchResult r = launch_local_workers(sh("if [ \"$RANK\" = 1 ]; then kill -SEGV $$; fi; exit 0", 2));
   EXPECT_EQ(r.failed_rank, 1);
   EXPECT_EQ(r.exit_code, 128 + 11);
+}
+
+TEST(LocalLaunch, ASigtermToTheLauncherEndsEveryRank) {
+  const auto start = std::chrono::steady_clock::now();
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(::getpid(), SIGTERM);  // the handler is the launcher's while it waits
+  });
+  const LocalLaunchResult r = launch_local_workers(sh("exec sleep 30", 3));
+  killer.join();
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_NE(r.message.find("signal 15"), std::string::npos) << r.message;
 }
 
 TEST(LocalLaunch, AProgramThatCannotStartIsAnError) {

@@ -8,6 +8,8 @@
 // - the first child to end with a non-zero status or a signal fails the launch: the others get
 //   SIGTERM, and SIGKILL after `grace`; the launch returns once every child is reaped, with the
 //   failed rank, its exit code (128 + signal for a signal) and its last stderr lines;
+// - SIGTERM, SIGINT or SIGHUP to the launcher while it waits ends every rank the same way (the
+//   result then names no failed rank, exit code 128 + the signal);
 // - MASTER_PORT 0 picks a free port (bind to port 0 on MASTER_ADDR, then release it).
 // Spawning errors are kestrel::Error "[launch] ..."; no process is left running on any path.
 #pragma once
@@ -30,7 +32,8 @@ struct LocalLaunchOptions {
 };
 
 struct LocalLaunchResult {
-  int exit_code = 0;     // 0 when every rank succeeded; else the failed rank's (128 + signal)
+  int exit_code = 0;     // 0 when every rank succeeded; else the failed rank's (128 + signal), or
+                         // 128 + the signal the launcher received
   int failed_rank = -1;  // the first rank that failed, -1 if none
   std::string message;   // its last stderr lines (up to 8)
   int master_port = 0;   // the port the ranks were given
