@@ -74,6 +74,7 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
 
 Tensor Decoder::embed(const Tensor& ids) const {
   MemoryLabelScope label("decoder.embed");
+  if (fence_) fence_({&embed_tokens_});
   return embedding(embed_tokens_, ids, deterministic_);
 }
 
@@ -141,12 +142,22 @@ Tensor Decoder::forward(const Tensor& embeds, const PackedBatch& batch, autograd
   config_.check_sequence_length(batch.max_seqlen);  // positions restart at 0 per document
   Tensor h = embeds;
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
+    if (fence_) {
+      const DecoderLayer& L = layers_[static_cast<size_t>(l)];
+      std::vector<const Tensor*> used;
+      for (const Tensor* t : {&L.input_layernorm, &L.q_proj, &L.q_bias, &L.k_proj, &L.k_bias, &L.v_proj, &L.v_bias,
+                              &L.o_proj, &L.o_bias, &L.q_norm, &L.k_norm, &L.post_attention_layernorm, &L.gate_proj,
+                              &L.up_proj, &L.down_proj})
+        if (t->defined()) used.push_back(t);
+      fence_(used);
+    }
     autograd::RecomputeOptions ro{policy, "decoder.layer." + std::to_string(l)};
     if (layer_recompute_ == LayerRecompute::Selective) ro.keep_outputs_of = {"attention"};
     h = autograd::recompute(
         [this, batch, l](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_forward(l, in[0], batch)}; },
                             {h}, ro)[0];
   }
+  if (fence_) fence_({&norm_, &lm_head_weight()});
   MemoryLabelScope label("decoder.norm");
   return rms_norm(h, norm_, config_.rms_norm_eps);
 }

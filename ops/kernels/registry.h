@@ -10,6 +10,7 @@
 
 #include "kestrel/runtime/device.h"
 #include "kestrel/runtime/error.h"
+#include "kestrel/runtime/op_profile.h"
 
 namespace kestrel::kernels {
 
@@ -24,6 +25,7 @@ decltype(auto) dispatch(const KernelSlot<Fn>& slot, const char* op, Device devic
   Fn* f = device.is_cuda() ? slot.cuda : slot.cpu;
   KESTREL_CHECK(f != nullptr, op, "no ", device.is_cuda() ? "CUDA" : "CPU", " kernel",
                 device.is_cuda() && !KESTREL_WITH_CUDA ? " (Kestrel was built without CUDA)" : "");
+  OpProfile::Bracket timed(op, device);  // kestrel/runtime/op_profile.h: nothing unless one records
   return f(std::forward<Args>(args)...);
 }
 

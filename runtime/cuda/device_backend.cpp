@@ -61,6 +61,19 @@ class CudaDeviceBackend final : public detail::DeviceBackend {
   }
 
   void configure_memory(int index, const MemoryConfig& config) override { Context::configure(index, config); }
+  void* record_timestamp(int index) override {
+    DeviceGuard g(index);
+    cudaEvent_t e = nullptr;
+    KESTREL_CUDA_CHECK(cudaEventCreate(&e));
+    KESTREL_CUDA_CHECK(cudaEventRecord(e, current_stream(index)));
+    return e;
+  }
+  double elapsed_ms(void* begin, void* end) override {
+    float ms = 0;
+    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin), static_cast<cudaEvent_t>(end)));
+    return ms;
+  }
+  void release_timestamp(void* timestamp) override { (void)cudaEventDestroy(static_cast<cudaEvent_t>(timestamp)); }
   MemoryConfig memory_config(int index) override {
     const Context* c = Context::find(index);
     return c ? c->memory_config() : default_memory_config();

@@ -34,6 +34,12 @@ class DeviceBackend {
   // reads what it runs with (the defaults before it is initialised).
   virtual void configure_memory(int index, const MemoryConfig& config) = 0;
   virtual MemoryConfig memory_config(int index) = 0;
+  // Op timing (kestrel/runtime/op_profile.h): a timestamp recorded on device `index`'s current
+  // stream (an opaque event), the milliseconds between two once the device has passed both, and
+  // the timestamp's release.
+  virtual void* record_timestamp(int index) = 0;
+  virtual double elapsed_ms(void* begin, void* end) = 0;
+  virtual void release_timestamp(void* timestamp) = 0;
 };
 
 void register_cuda_backend(DeviceBackend* backend);

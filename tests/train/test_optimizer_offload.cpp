@@ -21,6 +21,18 @@ TEST(AdamWOffload, F32AndF16ParametersMatchTheReferenceBitForBit) {
   expect_offloaded_adamw_matches_device(Device::cpu(), DType::F16, {{129, 3}, {17}}, {}, 3, 0.0);
 }
 
+// step_async on a worker thread (optimizer.update_overlap), bf16 and f32 moments and q8, waits in
+// forward order and in reverse.
+TEST(AdamWOffload, AsyncStepEqualsTheSynchronousStepAndEachWaitGivesTheFinalParameter) {
+  expect_async_adamw_matches_sync(Device::cpu(), DType::BF16, {{1000, 37}, {513}, {3, 7, 11}, {1}}, {}, 3, false);
+  OptimizerPlacement bf16_moments;
+  bf16_moments.state_dtype = DType::BF16;
+  expect_async_adamw_matches_sync(Device::cpu(), DType::F32, {{257, 9}, {5}, {64, 3}}, bf16_moments, 3, true);
+  OptimizerPlacement q8;
+  q8.state_dtype = DType::U8;
+  expect_async_adamw_matches_sync(Device::cpu(), DType::BF16, {{300, 41}, {2049}, {7}}, q8, 3, true);
+}
+
 TEST(AdamWOffload, UnknownOffloadIsRefusedByName) {
   try {
     parse_optimizer_offload("disk");

@@ -45,15 +45,38 @@ class CudaStaging final : public AdamW::Staging {
 
   int64_t slot_bytes() const override { return slot_bytes_; }
 
-  void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& st) override {
+  void mark_compute_ready(size_t markers) override {
+    cuda::DeviceGuard g(device_);
+    KESTREL_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::current_stream(device_)));
+    while (markers_.size() < markers) markers_.push_back(std::make_unique<cuda::Event>());
+    measured_ = false;  // the compute stream does not stand idle for an asynchronous run
+  }
+  void record_marker(size_t id) override {
+    KESTREL_CHECK(id < markers_.size(), "adamw-offload", "marker ", id, " was not reserved by mark_compute_ready");
+    KESTREL_CUDA_CHECK(cudaEventRecord(markers_[id]->get(), cuda::h2d_stream(device_)));
+  }
+  void compute_wait_marker(size_t id) override {
+    cuda::DeviceGuard g(device_);
+    KESTREL_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(device_), markers_.at(id)->get(), 0));
+  }
+  void compute_wait_all() override {
+    cuda::DeviceGuard g(device_);
+    KESTREL_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(device_), done_.get(), 0));
+  }
+
+  void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& st,
+           const AfterChunk* after_chunk) override {
     const auto t_run = Clock::now();
     cuda::DeviceGuard g(device_);
-    cudaStream_t comp = cuda::current_stream(device_), d2h = cuda::d2h_stream(device_), h2d = cuda::h2d_stream(device_);
+    cudaStream_t d2h = cuda::d2h_stream(device_), h2d = cuda::h2d_stream(device_);
     const size_t slots = in_.size(), n = chunks.size();
     // Gradients are final and the step's kernels no longer read the parameters once the compute
-    // stream gets here; both copy streams start after it.
-    KESTREL_CUDA_CHECK(cudaEventRecord(ready_.get(), comp));
-    KESTREL_CUDA_CHECK(cudaEventRecord(idle_begin_.e, comp));
+    // stream gets here; both copy streams start after it (asynchronous runs: mark_compute_ready).
+    if (!after_chunk) {
+      cudaStream_t comp = cuda::current_stream(device_);
+      KESTREL_CUDA_CHECK(cudaEventRecord(ready_.get(), comp));
+      KESTREL_CUDA_CHECK(cudaEventRecord(idle_begin_.e, comp));
+    }
     KESTREL_CUDA_CHECK(cudaStreamWaitEvent(d2h, ready_.get(), 0));
     KESTREL_CUDA_CHECK(cudaStreamWaitEvent(h2d, ready_.get(), 0));
     // Gradients already in host memory (optimizer.gradients "host": GradientStream) are read where
@@ -91,12 +114,16 @@ class CudaStaging final : public AdamW::Staging {
       KESTREL_CUDA_CHECK(cudaEventRecord(out_ev_[s]->get(), h2d));
       st.h2d_bytes += chunks[k].param_bytes;
       out_busy_[s] = true;
+      if (after_chunk) (*after_chunk)(k);
       if (k + slots < n) fetch(k + slots);  // the slot's gradient buffer was just consumed
     }
     KESTREL_CUDA_CHECK(cudaEventRecord(done_.get(), h2d));
-    KESTREL_CUDA_CHECK(cudaStreamWaitEvent(comp, done_.get(), 0));
-    KESTREL_CUDA_CHECK(cudaEventRecord(idle_end_.e, comp));
-    measured_ = true;
+    if (!after_chunk) {
+      cudaStream_t comp = cuda::current_stream(device_);
+      KESTREL_CUDA_CHECK(cudaStreamWaitEvent(comp, done_.get(), 0));
+      KESTREL_CUDA_CHECK(cudaEventRecord(idle_end_.e, comp));
+      measured_ = true;
+    }
     st.host_ms += ms_since(t_run);
   }
 
@@ -116,6 +143,7 @@ class CudaStaging final : public AdamW::Staging {
   std::vector<cuda::PinnedBuffer> in_, out_;
   std::vector<std::unique_ptr<cuda::Event>> in_ev_, out_ev_;
   std::vector<bool> out_busy_;  // slot s has an H2D copy from out_[s] enqueued (wait on out_ev_[s])
+  std::vector<std::unique_ptr<cuda::Event>> markers_;  // asynchronous runs: one per parameter
   cuda::Event ready_, done_;
   TimingEvent idle_begin_, idle_end_;
   bool measured_ = false;

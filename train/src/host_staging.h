@@ -31,9 +31,22 @@ class AdamW::Staging {
     int64_t param_bytes;
   };
   using Update = std::function<void(size_t chunk, const void* host_grad, void* host_out)>;
+  using AfterChunk = std::function<void(size_t chunk)>;
 
   virtual ~Staging() = default;
-  virtual void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& stats) = 0;
+  // after_chunk == nullptr (synchronous use): run() records where the compute stream stands, starts
+  // the copies after that point and makes the compute stream wait for the last one. Otherwise
+  // (AdamW::step_async: run() on a worker thread) mark_compute_ready() was called first on the
+  // compute stream's thread, run() touches no compute stream, and after_chunk(k) is called once
+  // chunk k's parameter copy is enqueued; it may call record_marker(id), which marks the copies
+  // enqueued so far. compute_wait_marker(id) (on the compute thread, after the marker was recorded)
+  // orders the compute stream after them; compute_wait_all() after every copy of the run.
+  virtual void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& stats,
+                   const AfterChunk* after_chunk = nullptr) = 0;
+  virtual void mark_compute_ready(size_t markers) {}
+  virtual void record_marker(size_t id) {}
+  virtual void compute_wait_marker(size_t id) {}
+  virtual void compute_wait_all() {}
   virtual double last_gpu_idle_ms() const { return -1; }
   // Largest chunk (bytes per direction) run() accepts.
   virtual int64_t slot_bytes() const = 0;

@@ -3,6 +3,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <fstream>
 #include <sstream>
 
@@ -240,6 +244,7 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
     }
     if (!slots_.empty()) staging_ = Staging::create(dev, placement_);
   }
+  for (size_t k = 0; k < slots_.size(); ++k) slot_of_[slots_[k].param] = k;
   if (placement_.step_in_backward) {
     // One grad-ready hook per parameter: update it and drop its gradient at once.
     for (size_t k = 0; k < slots_.size(); ++k) {
@@ -260,7 +265,7 @@ AdamW::AdamW(const models::ParameterList& params, AdamWOptions options, Optimize
         }
         AdamWOptions o = options_;
         o.lr = lr_;
-        if (placement_.offload == OptimizerOffload::Host) update_group_offloaded({k}, slot_options(k, o));
+        if (placement_.offload == OptimizerOffload::Host) update_slots_offloaded({k}, o);
         else update_slot(k, grad, o);
         param.zero_grad();  // the gradient goes now (the hook's caller holds the last reference)
       });
@@ -280,7 +285,7 @@ uint64_t AdamW::stream_seed(size_t slot, uint64_t salt) const {
 
 Tensor AdamW::sqrt_of(const Tensor& t) { return sqrt(t); }
 
-AdamW::~AdamW() = default;
+
 
 AdamWOptions AdamW::slot_options(size_t k, const AdamWOptions& step) const {
   AdamWOptions o = step;
@@ -306,6 +311,7 @@ void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& step_opti
 void AdamW::step(double lr) {
   KESTREL_CHECK(!placement_.step_in_backward, "optimizer", "optimizer.step_in_backward: the parameters are updated "
                 "during backward; call begin_step(lr) before it and end_step() after it instead of step()");
+  finish_step();
   autograd::NoGradGuard no_grad;
   if (placement_.offload == OptimizerOffload::Host) {
     step_offloaded(lr);
@@ -324,6 +330,7 @@ void AdamW::begin_step(double lr) {
   KESTREL_CHECK(placement_.step_in_backward, "optimizer", "begin_step/end_step need optimizer.step_in_backward; "
                 "call step(lr) after the backward instead");
   KESTREL_CHECK(!in_step_, "optimizer", "begin_step: the previous step was not closed with end_step()");
+  finish_step();
   ++step_;
   lr_ = lr;
   in_step_ = true;
@@ -346,40 +353,34 @@ void AdamW::step_offloaded(double lr) {
   update_slots_offloaded(all, o);
 }
 
-void AdamW::update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) {
-  // The host update's constants hold the lr and decay: one pass through the ring per parameter group.
-  std::vector<std::pair<size_t, std::vector<size_t>>> by_group;  // first slot of the group, its slots
-  for (size_t k : slots) {
-    auto same = [&](const auto& g) {
-      const ParameterGroup &a = slots_[g.first].group, &b = slots_[k].group;
-      return a.weight_decay == b.weight_decay && a.lr_scale == b.lr_scale;
-    };
-    auto it = std::find_if(by_group.begin(), by_group.end(), same);
-    if (it == by_group.end()) by_group.push_back({k, {k}});
-    else it->second.push_back(k);
-  }
-  for (const auto& [first, ks] : by_group) update_group_offloaded(ks, slot_options(first, o));
-}
-
-void AdamW::update_group_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) {
-  const HostAdamWConstants c = HostAdamWConstants::make(o, step_);
-  const DType sd = placement_.state_dtype;
-  const bool q8 = sd == DType::U8;
-  // Chunks in parameter order (HF module order: embedding, layer 0, ...), each within one slot; q8
-  // chunks hold whole quantisation blocks.
+// Chunks in slot order (HF module order: embedding, layer 0, ..., the order a forward reads them),
+// each within one slot, with that slot's constants (its group's lr and decay); q8 chunks hold whole
+// quantisation blocks.
+struct AdamW::OffloadWork {
   struct Piece {
     size_t slot;
     int64_t offset, n;
     DType gt, pt;
+    HostAdamWConstants c;
+    uint64_t moment_seed;  // q8
   };
   std::vector<Piece> pieces;
   std::vector<Staging::Chunk> chunks;
+  std::vector<Tensor> grads;  // held until the work is dropped: the chunks point into them
+};
+
+std::unique_ptr<AdamW::OffloadWork> AdamW::plan_offloaded(const std::vector<size_t>& slots,
+                                                          const AdamWOptions& o) const {
+  const bool q8 = placement_.state_dtype == DType::U8;
+  auto w = std::make_unique<OffloadWork>();
   for (size_t k : slots) {
-    Slot& s = slots_[k];
+    const Slot& s = slots_[k];
     Tensor g = s.param->grad();
     if (!g.defined()) continue;
     KESTREL_CHECK(g.is_contiguous() && s.param->is_contiguous() && g.numel() == s.param->numel(), "adamw-offload",
                   "gradient of '", s.name, "' must be contiguous and match its parameter");
+    const HostAdamWConstants c = HostAdamWConstants::make(slot_options(k, o), step_);
+    const uint64_t mseed = q8 ? stream_seed(k, 2) : 0;
     const int64_t gsz = static_cast<int64_t>(dtype_size(g.dtype())), psz = static_cast<int64_t>(dtype_size(s.param->dtype()));
     int64_t per = std::max<int64_t>(1, staging_->slot_bytes() / std::max(gsz, psz));
     if (q8) {
@@ -388,25 +389,32 @@ void AdamW::update_group_offloaded(const std::vector<size_t>& slots, const AdamW
     }
     for (int64_t off = 0; off < g.numel(); off += per) {
       const int64_t n = std::min(per, g.numel() - off);
-      pieces.push_back({k, off, n, g.dtype(), s.param->dtype()});
-      chunks.push_back({static_cast<const char*>(g.data_ptr()) + off * gsz, n * gsz,
-                        static_cast<char*>(s.param->data_ptr()) + off * psz, n * psz});
+      if (off == 0) w->grads.push_back(g);
+      w->pieces.push_back({k, off, n, g.dtype(), s.param->dtype(), c, mseed});
+      w->chunks.push_back({static_cast<const char*>(g.data_ptr()) + off * gsz, n * gsz,
+                           static_cast<char*>(s.param->data_ptr()) + off * psz, n * psz});
     }
   }
-  OptimizerStepStats st;
-  staging_->run(chunks, [&](size_t i, const void* hg, void* hout) {
-    const Piece& pc = pieces[i];
+  return w;
+}
+
+void AdamW::run_offloaded(const OffloadWork& w, const std::function<void(size_t)>& after_slot,
+                          OptimizerStepStats& st) {
+  const DType sd = placement_.state_dtype;
+  const bool q8 = sd == DType::U8;
+  const Staging::Update update = [&](size_t i, const void* hg, void* hout) {
+    const OffloadWork::Piece& pc = w.pieces[i];
     Slot& s = slots_[pc.slot];
+    const HostAdamWConstants& c = pc.c;
     const int64_t gsz = static_cast<int64_t>(dtype_size(pc.gt)), psz = static_cast<int64_t>(dtype_size(pc.pt));
     float* master = s.master.data<float>() + pc.offset;
     if (q8) {
-      const uint64_t mseed = stream_seed(pc.slot, 2);
       const int64_t nb = q8::num_blocks(pc.n), first_block = pc.offset / q8::kBlock;
       parallel_for(0, nb, kUpdateGrain / q8::kBlock, [&](int64_t b, int64_t e) {
         const int64_t lo = b * q8::kBlock, hi = std::min(pc.n, e * q8::kBlock);
         HostQ8State q{s.q8.m_codes.data<uint8_t>() + pc.offset + lo, s.q8.v_codes.data<uint8_t>() + pc.offset + lo,
                       s.q8.m_scale.data<float>() + first_block + b, s.q8.v_scale.data<float>() + first_block + b,
-                      static_cast<uint64_t>(pc.offset + lo), mseed};
+                      static_cast<uint64_t>(pc.offset + lo), pc.moment_seed};
         host_adamw_q8_update(master + lo, q, static_cast<const char*>(hg) + lo * gsz, pc.gt,
                              static_cast<char*>(hout) + lo * psz, pc.pt, hi - lo, c);
       });
@@ -419,12 +427,131 @@ void AdamW::update_group_offloaded(const std::vector<size_t>& slots, const AdamW
       host_adamw_update(master + b, m + b * ssz, v + b * ssz, sd, static_cast<const char*>(hg) + b * gsz, pc.gt,
                         static_cast<char*>(hout) + b * psz, pc.pt, e - b, c);
     });
-  }, st);
+  };
+  if (!after_slot) {
+    staging_->run(w.chunks, update, st);
+    return;
+  }
+  const Staging::AfterChunk after = [&](size_t i) {
+    if (i + 1 == w.pieces.size() || w.pieces[i + 1].slot != w.pieces[i].slot) after_slot(w.pieces[i].slot);
+  };
+  staging_->run(w.chunks, update, st, &after);
+}
+
+void AdamW::update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) {
+  const std::unique_ptr<OffloadWork> w = plan_offloaded(slots, o);
+  OptimizerStepStats st;
+  run_offloaded(*w, {}, st);
   stats_.host_ms += st.host_ms;
   stats_.update_ms += st.update_ms;
   stats_.copy_wait_ms += st.copy_wait_ms;
   stats_.d2h_bytes += st.d2h_bytes;
   stats_.h2d_bytes += st.h2d_bytes;
+}
+
+struct AdamW::AsyncStep {
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> pending;  // per slot: updated by this step
+  std::vector<char> ready;    // per slot: its copies are enqueued and marked (guarded by mu)
+  std::vector<char> waited;   // per slot: the compute stream was ordered after them (caller's thread)
+  bool finished = false;      // guarded by mu
+  std::exception_ptr error;   // guarded by mu
+  OptimizerStepStats stats;   // the worker's
+  double fence_wait_ms = 0;   // the caller's
+  std::unique_ptr<OffloadWork> work;  // dropped on the caller's thread (it may hold device gradients)
+};
+
+AdamW::~AdamW() {
+  if (async_ && async_->worker.joinable()) async_->worker.join();  // its error is dropped with the optimizer
+}
+
+void AdamW::step_async(double lr) {
+  KESTREL_CHECK(!placement_.step_in_backward, "optimizer", "step_async: with optimizer.step_in_backward the "
+                "parameters are updated during backward (begin_step / end_step)");
+  finish_step();
+  if (placement_.offload != OptimizerOffload::Host) {
+    step(lr);
+    return;
+  }
+  autograd::NoGradGuard no_grad;
+  ++step_;
+  AdamWOptions o = options_;
+  o.lr = lr;
+  std::vector<size_t> all;
+  for (size_t k = 0; k < slots_.size(); ++k) all.push_back(k);
+  auto a = std::make_unique<AsyncStep>();
+  a->work = plan_offloaded(all, o);  // takes the gradients here, on the caller's thread
+  const OffloadWork* w = a->work.get();  // stats_ keeps the last finished step's figures until this one ends
+  a->pending.assign(slots_.size(), 0);
+  a->ready.assign(slots_.size(), 0);
+  a->waited.assign(slots_.size(), 0);
+  for (const auto& pc : w->pieces) a->pending[pc.slot] = 1;
+  staging_->mark_compute_ready(slots_.size());
+  AsyncStep* ap = a.get();
+  a->worker = std::thread([this, ap, w] {
+    try {
+      run_offloaded(*w, [&](size_t k) {
+        staging_->record_marker(k);
+        {
+          std::lock_guard<std::mutex> g(ap->mu);
+          ap->ready[k] = 1;
+        }
+        ap->cv.notify_all();
+      }, ap->stats);
+    } catch (...) {
+      std::lock_guard<std::mutex> g(ap->mu);
+      ap->error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> g(ap->mu);
+      ap->finished = true;
+    }
+    ap->cv.notify_all();
+  });
+  async_ = std::move(a);
+}
+
+void AdamW::wait_parameter(const Tensor* param) {
+  AsyncStep* a = async_.get();
+  if (!a) return;
+  auto it = slot_of_.find(param);
+  if (it == slot_of_.end()) return;
+  const size_t k = it->second;
+  if (!a->pending[k] || a->waited[k]) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ready;
+  {
+    std::unique_lock<std::mutex> lock(a->mu);
+    a->cv.wait(lock, [&] { return a->ready[k] || a->finished; });
+    ready = a->ready[k];
+  }
+  a->fence_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!ready) {
+    finish_step();  // rethrows the worker's error
+    throw make_error("adamw-offload", "the asynchronous update ended without updating '", slots_[k].name, "'");
+  }
+  staging_->compute_wait_marker(k);
+  a->waited[k] = 1;
+}
+
+void AdamW::finish_step() {
+  if (!async_) return;
+  std::unique_ptr<AsyncStep> a = std::move(async_);
+  a->worker.join();
+  stats_ = a->stats;
+  stats_.fence_wait_ms = a->fence_wait_ms;
+  if (a->error) std::rethrow_exception(a->error);
+  staging_->compute_wait_all();
+}
+
+std::vector<std::string> AdamW::unwaited_parameters() const {
+  std::vector<std::string> out;
+  if (!async_) return out;
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (async_->pending[k] && !async_->waited[k]) out.push_back(slots_[k].name);
+  return out;
 }
 
 double AdamW::last_step_gpu_idle_ms() const { return staging_ ? staging_->last_gpu_idle_ms() : -1; }
@@ -441,6 +568,7 @@ int64_t AdamW::device_state_bytes() const { return placement_.offload == Optimiz
 int64_t AdamW::host_state_bytes() const { return placement_.offload == OptimizerOffload::Host ? state_bytes() : 0; }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  KESTREL_CHECK(!async_, "optimizer", "state() while an asynchronous step is updating it: call finish_step() first");
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Slot& s : slots_) {
     if (s.q8.numel() > 0 || !s.m.defined()) {  // q8: the codes and block scales as they are
@@ -459,6 +587,7 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 }
 
 void AdamW::load_state(const std::map<std::string, Tensor>& tensors, int64_t step) {
+  finish_step();
   auto take = [&](const std::string& key, Tensor& dst) {
     auto it = tensors.find(key);
     KESTREL_CHECK(it != tensors.end(), "optimizer", "checkpoint has no optimizer state '", key, "'");
@@ -491,8 +620,13 @@ std::unique_ptr<AdamW::Staging> AdamW::Staging::create(Device device, const Opti
     class HostStaging final : public Staging {
      public:
       int64_t slot_bytes() const override { return int64_t{1} << 40; }
-      void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& st) override {
-        for (size_t k = 0; k < chunks.size(); ++k) update(k, chunks[k].grad, chunks[k].param);
+      // Asynchronous runs need no markers: the caller's host-side wait is the ordering.
+      void run(const std::vector<Chunk>& chunks, const Update& update, OptimizerStepStats& st,
+               const AfterChunk* after_chunk) override {
+        for (size_t k = 0; k < chunks.size(); ++k) {
+          update(k, chunks[k].grad, chunks[k].param);
+          if (after_chunk) (*after_chunk)(k);
+        }
       }
     };
     return std::make_unique<HostStaging>();

@@ -69,6 +69,8 @@ json default_train_config() {
         {"master_weights", "f32"},
         {"step_in_backward", false},
         {"gradients", "device"},
+        // "auto" | "on" | "off": the host update overlaps the next forward (trainer.cpp).
+        {"update_overlap", "auto"},
         {"staging_slot_mib", 64},
         {"staging_slots", 4}}},
       // Data parallelism (train/src/data_parallel.h): the launcher's world size comes from the
@@ -91,6 +93,8 @@ json default_train_config() {
       {"eval_every", 0},
       {"sample_every", 0},
       {"sample_count", 3},
+      // Step N's device time per op (kestrel/runtime/op_profile.h) in the log and out_dir/op_profile.json; 0 = off.
+      {"profile_step", 0},
       {"checkpoint_every", 0},
       {"keep_checkpoints", 2},
       {"checkpoint_optimizer_state", "full"},

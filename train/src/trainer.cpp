@@ -45,6 +45,7 @@
 #include "kestrel/cuda/memory.h"
 #endif
 #include "kestrel/runtime/memory_trace.h"
+#include "kestrel/runtime/op_profile.h"
 #include "kestrel/runtime/parallel.h"
 #include "kestrel/train/memory_plan.h"
 #include "kestrel/train/memory_profile.h"
@@ -74,6 +75,7 @@ struct Trainer::Impl {
   int64_t batch_size, accum, total_steps;
   bool step_in_backward = false;  // optimizer.step_in_backward
   std::unique_ptr<GradientStream> grad_stream;  // optimizer.gradients "host"
+  bool overlap_update = false;                   // optimizer.update_overlap in effect
   std::shared_ptr<Communicator> comm;             // data parallelism (null: one rank)
   std::unique_ptr<GradientAllReduce> grad_reduce;  // with a communicator
   DataShard shard;
@@ -232,6 +234,7 @@ struct Trainer::Impl {
       log("optimizer.gradients=host: " + format_bytes(grad_stream->host_bytes()) +
           " of pinned host memory receives each gradient as backward completes it");
     }
+    setup_update_overlap(placement);
     // This rank trains on rows [rank, rank + 1) / world of each global micro-batch.
     if (comm) {  // world size > 1, or NCCL asked for by name (the same path at world size 1)
       grad_reduce = std::make_unique<GradientAllReduce>(
@@ -258,6 +261,59 @@ struct Trainer::Impl {
 
   int64_t num_params() const { return task->parameters().numel(); }
 
+  // A pending overlapped update reads the host gradient buffers (grad_stream) and writes the
+  // parameters: it ends before any member goes. Its error, if any, is dropped with the run.
+  ~Impl() {
+    try {
+      if (optim) optim->finish_step();
+    } catch (...) {
+    }
+  }
+
+  // optimizer.update_overlap: the host update of step s runs on a worker thread while step s + 1's
+  // forward starts; the decoder's parameter fence waits for each layer's parameters before the layer
+  // runs (AdamW::step_async / wait_parameter), so the result is the same as updating first. "auto"
+  // turns it on where it applies; "on" where it does not is an error saying why.
+  void setup_update_overlap(const OptimizerPlacement& placement) {
+    const std::string mode = cfg["optimizer"]["update_overlap"];
+    KESTREL_CHECK(mode == "auto" || mode == "on" || mode == "off", "train",
+                  "optimizer.update_overlap must be \"auto\", \"on\" or \"off\", got '", mode, "'");
+    if (mode == "off") return;
+    models::Decoder* dec = task->decoder();
+    std::string why_not;
+    if (placement.offload != OptimizerOffload::Host || !grad_stream)
+      why_not = "it overlaps the host update of optimizer.offload=\"host\" with optimizer.gradients=\"host\" "
+                "(gradients kept on the device would stay allocated through the next forward)";
+    else if (comm)
+      why_not = "not implemented with data parallelism (distributed.*)";
+    else if (!dec || dec->parameters().size() != task->parameters().size())
+      why_not = "the " + task->name() + " task has parameters outside a decoder, whose forward does not wait for them";
+    if (!why_not.empty()) {
+      KESTREL_CHECK(mode != "on", "train", "optimizer.update_overlap=\"on\": ", why_not,
+                    "; set it to \"auto\" or \"off\"");
+      return;
+    }
+    overlap_update = true;
+    AdamW* o = optim.get();
+    dec->set_parameter_fence([o](const std::vector<const Tensor*>& params) {
+      for (const Tensor* p : params) o->wait_parameter(p);
+    });
+    log("optimizer.update_overlap: the host update of each step runs while the next forward starts (each layer "
+        "waits for its own parameters)");
+  }
+
+  // The pending overlapped update, finished: before anything else reads the parameters or the state
+  // (backward, evaluation, checkpoints, the end of the run). After a forward (`after_forward`), every
+  // parameter the update changed must have been waited for by the model's fence.
+  void finish_update(bool after_forward = false) {
+    if (!optim || !optim->step_pending()) return;
+    const std::vector<std::string> missed = after_forward ? optim->unwaited_parameters() : std::vector<std::string>{};
+    optim->finish_step();
+    KESTREL_CHECK(missed.empty(), "train", "optimizer.update_overlap: ", missed.size(), " parameters (the first '",
+                  missed.empty() ? "" : missed[0], "') were updated while the forward could read them without "
+                  "waiting; this is a bug in the model's parameter fence: set optimizer.update_overlap=\"off\"");
+  }
+
   // One optimizer step; returns {sum of the micro-batch losses, grad norm} as f32 scalars on the
   // device and the token count. Nothing inside the step waits for the device: the caller reads the
   // scalars after the step's synchronisation.
@@ -283,6 +339,9 @@ struct Trainer::Impl {
         loss = task->loss(*b.host, b.arrays, policy);
         tokens += b.host->tokens;
       }
+      // optimizer.update_overlap: the previous step's update ran alongside this forward; the
+      // backward refills the host gradient buffers it read.
+      finish_update(/*after_forward=*/true);
       ++data_position;
       {
         PhaseScope ph(dev, "backward");
@@ -341,7 +400,12 @@ struct Trainer::Impl {
       }
       // train.nonfinite "skip": read loss and norm now (a host sync) so a bad step changes nothing.
       last_step_skipped = nonfinite_skip && !(std::isfinite(loss_sum.item()) && std::isfinite(gnorm.item()));
-      if (!last_step_skipped) optim->step(schedule.at(step + 1));
+      if (!last_step_skipped) {
+        if (overlap_update)
+          optim->step_async(schedule.at(step + 1));
+        else
+          optim->step(schedule.at(step + 1));
+      }
       // ZeRO: each parameter from the rank that updated it (every rank agrees on a skip: the loss
       // and the norm are global).
       if (zero > 0 && !last_step_skipped) gather_parameters(task->parameters(), owners, *comm);
@@ -408,7 +472,35 @@ struct Trainer::Impl {
                 {"pinned_bytes", h.pinned}, {"pinned_peak_bytes", h.pinned_peak}};
   }
 
-  EvalResult evaluate() { return task->evaluate(); }
+  // profile_step's table in the log (ops by device time, the rest of the step's wall time last) and
+  // out_dir/op_profile.json.
+  void report_op_profile(const OpProfile& p, double wall_ms) {
+    const double in_ops = p.total_ms();
+    log("op profile of step " + std::to_string(step) + ": " + std::to_string(static_cast<int64_t>(wall_ms)) +
+        " ms wall, " + std::to_string(static_cast<int64_t>(in_ops)) + " ms in ops' kernels on the device");
+    json rows = json::array();
+    char line[256];
+    for (const OpTime& t : p.ops()) {
+      std::snprintf(line, sizeof line, "  %-40s %6lld calls %10.2f ms %6.1f%%", t.op.c_str(),
+                    static_cast<long long>(t.calls), t.ms, wall_ms > 0 ? 100.0 * t.ms / wall_ms : 0.0);
+      log(line);
+      rows.push_back({{"op", t.op}, {"calls", t.calls}, {"ms", t.ms}});
+    }
+    std::snprintf(line, sizeof line, "  %-40s %6s       %10.2f ms %6.1f%%", "(outside ops: gaps, waits, copies)", "",
+                  wall_ms - in_ops, wall_ms > 0 ? 100.0 * (wall_ms - in_ops) / wall_ms : 0.0);
+    log(line);
+    if (!writer()) return;
+    std::filesystem::create_directories(out_dir);
+    std::ofstream f(out_dir + "/op_profile.json");
+    f << json{{"step", step}, {"wall_ms", wall_ms}, {"ops_ms", in_ops}, {"device", device.str()}, {"ops", rows}}.dump(1)
+      << "\n";
+    KESTREL_CHECK(f.good(), "train", "could not write ", out_dir, "/op_profile.json");
+  }
+
+  EvalResult evaluate() {
+    finish_update();
+    return task->evaluate();
+  }
 };
 
 Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config, nullptr)) {}
@@ -582,6 +674,7 @@ TrainSummary Trainer::run() {
   for (const std::string& o : I.device_overrides)
     I.log("not applied (apply_device_overrides does that; kestrel-train calls it): " + o);
   const int64_t sample_every = I.cfg["sample_every"], sample_count = I.cfg["sample_count"];
+  const int64_t profile_step = I.cfg["profile_step"];
   TrainSummary sum;
   auto t_run = std::chrono::steady_clock::now();
   memory_trace(I.device).reset_peaks();
@@ -593,6 +686,15 @@ TrainSummary Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     Tensor loss_t, gnorm_t;
     int64_t tokens;
+    // profile_step: this step's device time per op (op_profile.h), from the step's start to its end on
+    // the device.
+    std::unique_ptr<OpProfile> op_profile;
+    if (profile_step == I.step + 1) {
+      synchronize(I.device);
+      t0 = std::chrono::steady_clock::now();
+      op_profile = std::make_unique<OpProfile>();
+      op_profile->start();
+    }
     try {
       // After an OutOfBudget the report goes next to the run; earlier checkpoints stay as they are.
       run_with_memory_report([&] { std::tie(loss_t, gnorm_t, tokens) = I.train_step(); }, I.out_dir, I.device,
@@ -610,6 +712,10 @@ TrainSummary Trainer::run() {
     }
     synchronize(I.device);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (op_profile) {
+      op_profile->stop();
+      I.report_op_profile(*op_profile, ms);
+    }
     const double loss = loss_t.item() / static_cast<double>(I.accum), gnorm = gnorm_t.item();
     const bool finite = std::isfinite(loss) && std::isfinite(gnorm);
     if (sum.steps == 0) sum.first_loss = loss;
@@ -630,6 +736,7 @@ TrainSummary Trainer::run() {
       row["optimizer_update_ms"] = os.update_ms;
       row["optimizer_copy_wait_ms"] = os.copy_wait_ms;
       row["gpu_idle_ms"] = I.optim->last_step_gpu_idle_ms();
+      if (I.overlap_update) row["forward_wait_ms"] = os.fence_wait_ms;
       row["host"] = I.host_json();
     }
     if (metrics) metrics->write_line(row.dump());
@@ -645,8 +752,12 @@ TrainSummary Trainer::run() {
       std::string line = buf;
       if (offloaded) {
         const OptimizerStepStats& os = I.optim->last_step_stats();
-        std::snprintf(buf, sizeof buf, " | optimizer on host %.0f ms (update %.0f, copy wait %.0f), GPU idle %.0f ms",
-                      os.host_ms, os.update_ms, os.copy_wait_ms, I.optim->last_step_gpu_idle_ms());
+        if (I.overlap_update)  // the last finished update: the previous step's, overlapped with this forward
+          std::snprintf(buf, sizeof buf, " | optimizer on host %.0f ms (update %.0f), overlapped; the forward waited "
+                        "%.0f ms for it", os.host_ms, os.update_ms, os.fence_wait_ms);
+        else
+          std::snprintf(buf, sizeof buf, " | optimizer on host %.0f ms (update %.0f, copy wait %.0f), GPU idle %.0f ms",
+                        os.host_ms, os.update_ms, os.copy_wait_ms, I.optim->last_step_gpu_idle_ms());
         line += buf;
       }
       I.log(line);
@@ -674,12 +785,14 @@ TrainSummary Trainer::run() {
       if (e.samples > 0) I.log(buf);
     }
     if (sample_every > 0 && I.step % sample_every == 0 && I.step < I.total_steps) {
+      I.finish_update();
       for (auto& [want, got] : I.task->samples(sample_count)) {
         I.log("sample @ " + std::to_string(I.step) + ": " + (got == want ? "[ok]  " : "[bad] ") + "expected \"" + want +
               "\" | generated \"" + got + "\"");
       }
     }
     if (ckpt_every > 0 && (I.step % ckpt_every == 0 || I.step == I.total_steps)) {
+      I.finish_update();
       if (I.zero > 0) {  // every rank writes its optimizer shard (a failing rank aborts the group)
         std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
                                           keep, I.checkpoint_form, I.comm.get());
@@ -694,6 +807,8 @@ TrainSummary Trainer::run() {
       if (I.grad_reduce) I.comm->barrier();  // no rank runs ahead of a checkpoint being written
     }
   }
+  I.finish_update();
+  synchronize(I.device);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
   {
     BatchPrefetcher::Stats ps = I.prefetcher->stats();

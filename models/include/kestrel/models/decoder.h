@@ -10,6 +10,7 @@
 // bytes to keep than the projection GEMMs cost to redo).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,14 @@ class Decoder {
   void set_deterministic(bool on) { deterministic_ = on; }
   bool deterministic() const { return deterministic_; }
 
+  // Called with each group of parameters just before the forward first reads them: the embedding
+  // table in embed(), a layer's tensors before forward() runs the layer, the final norm and the
+  // output head before the final norm (loss() and logits() read nothing else). The trainer's
+  // overlapped optimizer step (optimizer.update_overlap) waits there for each parameter's update,
+  // so the next forward starts while the host still updates the later layers. Empty: no calls.
+  using ParameterFence = std::function<void(const std::vector<const Tensor*>&)>;
+  void set_parameter_fence(ParameterFence fence) { fence_ = std::move(fence); }
+
  private:
   TextConfig config_;
   DType dtype_;
@@ -109,6 +118,7 @@ class Decoder {
   int64_t mlp_tile_tokens_ = 0;
   LayerRecompute layer_recompute_ = LayerRecompute::Full;
   bool deterministic_ = false;
+  ParameterFence fence_;
 };
 
 }  // namespace kestrel::models

@@ -100,6 +100,7 @@ struct OptimizerStepStats {
   double host_ms = 0;        // wall time of the step on the host
   double update_ms = 0;      // time in the CPU update itself
   double copy_wait_ms = 0;   // host time waiting for gradient chunks to arrive
+  double fence_wait_ms = 0;  // step_async: the caller's time in wait_parameter (the next forward blocked)
   int64_t d2h_bytes = 0, h2d_bytes = 0;
 };
 
@@ -121,6 +122,21 @@ class AdamW {
   // grad_norm() is the L2 norm of the gradients the step saw (a [] f32 tensor on the device).
   void begin_step(double lr);
   void end_step();
+  // The offloaded update without waiting for it (host offload; otherwise the same as step()): the
+  // step's gradients are taken now, and the host update runs on a worker thread in parameter order
+  // while the caller goes on, typically into the next forward. Before a parameter is read,
+  // wait_parameter() blocks until its update has left the host and orders the compute stream after
+  // its copy to the device; finish_step() waits for all of it (and rethrows the worker's error).
+  // step(), step_async(), begin_step() and load_state() finish a pending step first; state() refuses
+  // to run while one is pending. The gradients handed over must stay valid until finish_step():
+  // host-resident ones (optimizer.gradients "host"), whose buffers the caller does not refill before.
+  void step_async(double lr);
+  void wait_parameter(const Tensor* param);
+  void finish_step();
+  bool step_pending() const { return async_ != nullptr; }
+  // Parameters updated by the pending step that no wait_parameter() call has covered (a model that
+  // reads one of them in its forward without waiting would race with the update).
+  std::vector<std::string> unwaited_parameters() const;
   Tensor grad_norm() const { return grad_sq_sum_.defined() ? sqrt_of(grad_sq_sum_) : Tensor(); }
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return options_; }
@@ -128,6 +144,7 @@ class AdamW {
   int64_t state_bytes() const;         // wherever the state lives
   int64_t device_state_bytes() const;  // on the parameters' device (0 when offloaded)
   int64_t host_state_bytes() const;    // in host memory (the whole state when offloaded)
+  // The last finished step's figures (with step_async: the previous step's until finish_step()).
   const OptimizerStepStats& last_step_stats() const { return stats_; }
   // Device time (ms) the compute stream stood idle in the last offloaded step, from the end of
   // backward to the return of the last parameter chunk; -1 when not measured. Valid after the device
@@ -155,10 +172,14 @@ class AdamW {
     Q8Moments q8;  // state_dtype U8: the 8-bit codes and block scales
     ParameterGroup group;  // weight decay and lr multiplier
   };
+  struct OffloadWork;  // the chunks of one offloaded update (optimizer.cpp)
+  struct AsyncStep;    // step_async's worker and per-parameter readiness
   void step_offloaded(double lr);
   void update_slot(size_t k, const Tensor& grad, const AdamWOptions& o);  // on the device
   void update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);  // o: the step's
-  void update_group_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);  // o: the group's
+  std::unique_ptr<OffloadWork> plan_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) const;
+  // Runs `w` through the staging; after_slot(k) once slot k's last chunk is on its way to the device.
+  void run_offloaded(const OffloadWork& w, const std::function<void(size_t)>& after_slot, OptimizerStepStats& st);
   AdamWOptions slot_options(size_t k, const AdamWOptions& step) const;  // the step's options with the slot's group
   uint64_t stream_seed(size_t slot, uint64_t salt) const;
   static Tensor sqrt_of(const Tensor& t);
@@ -175,6 +196,8 @@ class AdamW {
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
   std::unique_ptr<Staging> staging_;
   OptimizerStepStats stats_;
+  std::map<const Tensor*, size_t> slot_of_;  // parameter -> slot
+  std::unique_ptr<AsyncStep> async_;        // the pending step_async, if any
 };
 
 }  // namespace kestrel::train
