@@ -67,9 +67,10 @@ TEST(DeterministicCuda, EmbeddingBackwardRepeatsBitwise) {
       Tensor spacer = Tensor::empty({12345}, DType::F32, gpu);  // the second run's buffers move
       Tensor b = embedding_grad(wg, idg, upg, calls);
       EXPECT_EQ(bytes(a), bytes(b)) << dtype_name(dt) << " calls " << calls;
-      // The CPU reference sums in f64 and rounds once; the kernel sums in f32 in index order.
+      // The CPU reference sums in f64 and rounds once; the kernel sums in f32 in index order (row 0
+      // takes 8192 terms, twice with calls 2: f32 rounding of ~sqrt(n) eps, 1.15e-6 seen on the H200).
       Tensor ref = embedding_grad(w, idc, up, calls);
-      EXPECT_LE(testing::rel_l2(a.to(DType::F32), ref.to(DType::F32)), dt == DType::F32 ? 1e-6 : 2e-3)
+      EXPECT_LE(testing::rel_l2(a.to(DType::F32), ref.to(DType::F32)), dt == DType::F32 ? 1e-5 : 2e-3)
           << dtype_name(dt) << " calls " << calls;
     }
   }

@@ -194,6 +194,7 @@ TEST(FlashAttentionWindowCuda, WindowNeedsCausal) {
   p.lse = reinterpret_cast<float*>(dummy);
   p.cu_seqlens_q = p.cu_seqlens_k = dummy;
   p.num_docs = 1, p.max_seqlen_q = p.max_seqlen_k = 4, p.num_heads_q = p.num_heads_kv = 1, p.head_dim = 64;
+  p.total_q = p.total_k = 4;  // required token counts: only the window rule is wrong here
   p.causal = false;
   p.window = 3;
   try {
