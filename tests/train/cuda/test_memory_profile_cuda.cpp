@@ -246,6 +246,9 @@ TEST(MemoryOutOfBudgetCuda, ResumeOverBudgetFailsWithReportsAndKeepsTheCheckpoin
   // the file holds the config the checkpoints were made with.
   json file_cfg = cfg4;
   file_cfg["on_cuda"] = json::object();
+  // The library run planned its MLP without a budget (set after construction); the binary knows the
+  // budget from the start, and mlp_tile_tokens "auto" would tile the MLP to fit it: keep it untiled.
+  file_cfg["mlp_tile_tokens"] = 0;
   std::ofstream(dir + "/run.json") << file_cfg.dump(2);
   const std::string log = dir + "/oom.log";
   const std::string cmd = bin + " --config " + dir + "/run.json --resume latest --memory-budget " +
