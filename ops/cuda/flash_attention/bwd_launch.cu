@@ -37,8 +37,11 @@ void run_backward(const FlashAttentionBackwardParams& bp, const KernelChoice& ch
       launch_bwd_mma<T>(a, stream);
     } else {
       head_dim_switch(choice.kernel_head_dim, [&](auto d) {
-        bool_switch(p.deterministic,
-                    [&](auto det) { launch_bwd_wgmma<T, decltype(d)::value, decltype(det)::value>(a, stream); });
+        bool_switch(p.deterministic, [&](auto det) {
+          bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
+            launch_bwd_wgmma<T, decltype(d)::value, decltype(det)::value, decltype(prefix)::value>(a, stream);
+          });
+        });
       });
     }
   }

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
   const int n_block = blockIdx.y;
   const int doc = blockIdx.z;
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
-      bwd_tile<kBc, kBr>(p, n_block, doc);
+      bwd_tile<kBc, kBr, true>(p, n_block, doc);
   if (n0 >= len_k) return;
   const int D = kExact ? kD : p.head_dim;  // kExact: the head dim is the tile's (no column checks)
   if (dc0 >= D) return;                    // a padded head dim's empty column half
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kBc / 16 * 32, 1) flash_bwd_kernel(const BwdAr
                            tile_crosses_window(p, m0 + kBr - 1, n0, off);
     auto softmax = [&](auto masked) {
       // prefix-LM keys every query sees (0 = none); read in masked tiles only (no register elsewhere)
-      const int prefix = decltype(masked)::value ? doc_prefix(p, doc) : 0;
+      const int prefix = decltype(masked)::value ? doc_prefix<true>(p, doc) : 0;
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll

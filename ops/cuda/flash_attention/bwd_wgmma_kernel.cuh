@@ -46,7 +46,7 @@ constexpr size_t bwd_wgmma_smem_bytes() {
   return static_cast<size_t>(2 * 128 * kD + 6 * kBr * kD + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
-template <typename T, int kD, int kBr, bool kDeterministic>
+template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const int g = lane / 4, c = lane % 4;
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
-      bwd_tile<kBc, kBr>(p, n_block, doc);
+      bwd_tile<kBc, kBr, kPrefix>(p, n_block, doc);
   if (n0 >= len_k) return;
   const int D = p.head_dim;
 
@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0w, off);
     auto body = [&](auto masked) {
-      // prefix-LM keys every query sees (0 = none); read in masked tiles only (no register elsewhere)
-      const int prefix = decltype(masked)::value ? doc_prefix(p, doc) : 0;
+      // prefix-LM keys every query sees (kPrefix only); read in masked tiles only (no register elsewhere)
+      const int prefix = decltype(masked)::value ? doc_prefix<kPrefix>(p, doc) : 0;
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j) {
         const float2 l = kEarlyLse ? lse[j] : *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
             const int key = n0w + key_lo + (e >= 2 ? 8 : 0);
             const int qi = m0 + 8 * j + 2 * c + (e & 1);
             // Bitwise, not short-circuit: one select per element, no branches.
-            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > max(qi + off, prefix - 1))) |
+            const bool dead = (qi >= len_q) | (key >= len_k) | (p.causal & (key > causal_last_key<kPrefix>(qi + off, prefix))) |
                               ((p.window > 0) & (key <= qi + off - p.window));
             x = dead ? 0.f : x;
           }
@@ -318,11 +318,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
 }
 
-template <typename T, int kD, bool kDeterministic>
+template <typename T, int kD, bool kDeterministic, bool kPrefix>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   using Tr = WgmmaBwdTraits<kD>;
   constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
-  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic>;
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a);
   KESTREL_CUDA_CHECK_LAUNCH();

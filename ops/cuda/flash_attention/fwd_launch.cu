@@ -21,7 +21,11 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
       fa::launch_fwd_mma<T>(p, stream);
       return;
     }
-    fa::head_dim_switch(choice.kernel_head_dim, [&](auto d) { fa::launch_fwd_tma<T, decltype(d)::value>(p, stream); });
+    fa::head_dim_switch(choice.kernel_head_dim, [&](auto d) {
+      fa::bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
+        fa::launch_fwd_tma<T, decltype(d)::value, decltype(prefix)::value>(p, stream);
+      });
+    });
   });
 }
 

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, true>(p);
   if (m0 >= len_q) return;
   const int D = p.head_dim;
 
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kBr / (16 * kMT) * 32, kMT == 2 ? 2 : 1) flash
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0, off);
     if (need_mask) {
-      const int prefix = doc_prefix(p, blockIdx.z);  // prefix-LM keys every query sees (0 = none)
+      const int prefix = doc_prefix<true>(p, blockIdx.z);  // prefix-LM keys every query sees (0 = none)
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

@@ -27,7 +27,7 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong>
+template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix>
 __global__ void __launch_bounds__(kWG * 128, 1)
     flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
                          const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, kPrefix>(p);
   const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
   if (m0 >= len_q) return;
   // The loads are issued by the first thread of the last warpgroup: under ping-pong scheduling that
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     const int n0 = (n_blocks - 1 - j) * kBc;
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
                            tile_crosses_window(p, wg_row0 + 63, n0, off);
-    sm.step(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, row_base, off, c, sl2, alpha);
+    sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, row_base, off, c, sl2, alpha);
   };
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kPrefix>
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = TmaFwdTraits<kD>;
   constexpr int kBr = Tr::kWG * 64, kBc = Tr::kBc, kStages = Tr::kStages;
@@ -207,7 +207,7 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   constexpr size_t smem = static_cast<size_t>(kBr + 2 * kStages * kBc) * kD * 2 + 1024 + 8 * (1 + 4 * kStages);
-  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong>;
+  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv);
   KESTREL_CUDA_CHECK_LAUNCH();

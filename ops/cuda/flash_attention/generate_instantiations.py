@@ -9,21 +9,29 @@ HERE = pathlib.Path(__file__).resolve().parent
 DTYPES = {"bf16": "__nv_bfloat16", "f16": "__half"}
 
 
+def cpp(flag):
+    return "true" if flag else "false"
+
+
 def instantiations():
     for dt, T in DTYPES.items():
         for d in (64, 128):
-            yield (f"fwd_tma_{dt}_d{d}", "fwd_tma_kernel.cuh",
-                   f"template void launch_fwd_tma<{T}, {d}>(const FlashAttentionParams&, cudaStream_t);",
-                   f"TMA-fed Hopper forward, {dt}, head dim {d}")
+            for prefix in (False, True):
+                suffix = "_prefix" if prefix else ""
+                yield (f"fwd_tma_{dt}_d{d}{suffix}", "fwd_tma_kernel.cuh",
+                       f"template void launch_fwd_tma<{T}, {d}, {cpp(prefix)}>(const FlashAttentionParams&, cudaStream_t);",
+                       f"TMA-fed Hopper forward, {dt}, head dim {d}{', prefix-LM mask' if prefix else ''}")
         yield (f"fwd_mma_{dt}", "fwd_mma_kernel.cuh",
                f"template void launch_fwd_mma<{T}>(const FlashAttentionParams&, cudaStream_t);",
                f"mma.sync forward, {dt}, head dim 256")
         for d in (64, 128):
             for det in (False, True):
-                suffix = "_det" if det else ""
-                yield (f"bwd_wgmma_{dt}_d{d}{suffix}", "bwd_wgmma_kernel.cuh",
-                       f"template void launch_bwd_wgmma<{T}, {d}, {'true' if det else 'false'}>(const BwdArgs&, cudaStream_t);",
-                       f"Hopper wgmma backward, {dt}, head dim {d}{', deterministic dq order' if det else ''}")
+                for prefix in (False, True):
+                    suffix = ("_det" if det else "") + ("_prefix" if prefix else "")
+                    what = (", deterministic dq order" if det else "") + (", prefix-LM mask" if prefix else "")
+                    yield (f"bwd_wgmma_{dt}_d{d}{suffix}", "bwd_wgmma_kernel.cuh",
+                           f"template void launch_bwd_wgmma<{T}, {d}, {cpp(det)}, {cpp(prefix)}>(const BwdArgs&, cudaStream_t);",
+                           f"Hopper wgmma backward, {dt}, head dim {d}{what}")
         yield (f"bwd_mma_{dt}", "bwd_mma_kernel.cuh",
                f"template void launch_bwd_mma<{T}>(const BwdArgs&, cudaStream_t);",
                f"mma.sync backward, {dt}, head dim 256")

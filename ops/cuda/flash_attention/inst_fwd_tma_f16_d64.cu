@@ -2,5 +2,5 @@
 #include "cuda/flash_attention/fwd_tma_kernel.cuh"
 
 namespace kestrel::cuda::fa {
-template void launch_fwd_tma<__half, 64>(const FlashAttentionParams&, cudaStream_t);
+template void launch_fwd_tma<__half, 64, false>(const FlashAttentionParams&, cudaStream_t);
 }  // namespace kestrel::cuda::fa

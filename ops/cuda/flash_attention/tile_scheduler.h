@@ -33,9 +33,19 @@ inline int grid_stride_blocks(int64_t items, int per_block) {
 
 #if defined(__CUDACC__)
 // Prefix-LM length of document doc (0 = none): causal attention where every query also sees the
-// keys j < prefix. Causal masks below test key > max(i + off, prefix - 1).
+// keys j < prefix. kPrefix is a template flag of the Hopper kernels (their instantiations without it
+// compile to the plain causal code, registers included); the mma.sync kernels pass true and check
+// p.prefix_len at run time.
+template <bool kPrefix>
 __device__ __forceinline__ int doc_prefix(const FlashAttentionParams& p, int doc) {
-  return p.prefix_len ? p.prefix_len[doc] : 0;
+  if constexpr (kPrefix) return p.prefix_len ? p.prefix_len[doc] : 0;
+  return 0;
+}
+// The last key causal query i sees: i + off, or with a prefix-LM mask max(i + off, prefix - 1).
+template <bool kPrefix>
+__device__ __forceinline__ int causal_last_key(int i_off, int prefix) {
+  if constexpr (kPrefix) return max(i_off, prefix - 1);
+  return i_off;
 }
 
 // The query tile a forward block owns (grid: x = query head, y = query tile, heaviest causal tiles
@@ -53,7 +63,7 @@ __device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int
 __device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
   return p.window > 0 && j_min <= i_max + off - p.window;
 }
-template <int kBr, int kBc>
+template <int kBr, int kBc, bool kPrefix>
 __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   FwdTile t;
   t.h = blockIdx.x;
@@ -65,7 +75,9 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
   t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
   t.off = t.len_k - t.len_q;
-  const int n_end = p.causal ? min(t.len_k, max(t.m0 + kBr + t.off, doc_prefix(p, doc))) : t.len_k;
+  // Causal: keys up to the tile's last row's diagonal, and with a prefix-LM mask the whole prefix.
+  const int causal_end = kPrefix ? max(t.m0 + kBr + t.off, doc_prefix<kPrefix>(p, doc)) : t.m0 + kBr + t.off;
+  const int n_end = p.causal ? min(t.len_k, causal_end) : t.len_k;
   t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
   // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
   t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
@@ -79,7 +91,7 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
 struct BwdTile {
   int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
 };
-template <int kBc, int kBr>
+template <int kBc, int kBr, bool kPrefix>
 __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc) {
   BwdTile t;
   t.q_start = p.cu_seqlens_q[doc];
@@ -90,7 +102,7 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
   t.group = p.num_heads_q / p.num_heads_kv;
   t.off = t.len_k - t.len_q;
   // Causal: the queries before these keys see none of them, unless the keys lie in the prefix.
-  t.m_begin = p.causal && t.n0 >= doc_prefix(p, doc) ? max(0, t.n0 - t.off) / kBr : 0;
+  t.m_begin = p.causal && (!kPrefix || t.n0 >= doc_prefix<kPrefix>(p, doc)) ? max(0, t.n0 - t.off) / kBr : 0;
   int m_end = (t.len_q + kBr - 1) / kBr;
   if (p.window > 0) {  // the last query that sees key n0 + kBc - 1 is n0 + kBc - 2 - off + window
     const int i_last = t.n0 + kBc - 2 - t.off + p.window;

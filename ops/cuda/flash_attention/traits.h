@@ -45,11 +45,13 @@ struct BwdArgs {
   int total_q;
 };
 
-template <typename T, int kD>  // kD 64 and 128; needs p.total_q / p.total_k
+// kPrefix: p.prefix_len is set (prefix-LM mask); a template flag so that the kernels without it keep
+// the plain causal code and registers.
+template <typename T, int kD, bool kPrefix>  // kD 64 and 128; needs p.total_q / p.total_k
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream);
-template <typename T, int kD, bool kDeterministic>  // kD 64 and 128
+template <typename T, int kD, bool kDeterministic, bool kPrefix>  // kD 64 and 128
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream);
