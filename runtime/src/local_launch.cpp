@@ -237,4 +237,17 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
   return result;
 }
 
+LaunchReport launch_report(const LocalLaunchResult& r, int nproc) {
+  LaunchReport rep;
+  if (r.exit_code == 0 && r.failed_rank < 0) return rep;
+  rep.exit_status = r.exit_code == 0 ? 1 : r.exit_code;
+  if (r.failed_rank >= 0)
+    rep.message = "kestrel-train: rank " + std::to_string(r.failed_rank) + " of " + std::to_string(nproc) +
+                  " failed (exit code " + std::to_string(r.exit_code) + "); the other ranks were ended. Its last lines:\n" +
+                  r.message;
+  else
+    rep.message = "kestrel-train: " + r.message + " (exit code " + std::to_string(rep.exit_status) + ")";
+  return rep;
+}
+
 }  // namespace kestrel

@@ -117,6 +117,26 @@ TEST(LocalLaunch, ASigtermToTheLauncherEndsEveryRank) {
   EXPECT_NE(r.message.find("signal 15"), std::string::npos) << r.message;
 }
 
+// kestrel-train --nproc-per-node exits with launch_report's status: a launcher stopped by a signal
+// must not exit 0 (it names no failed rank, yet the ranks were ended).
+TEST(LocalLaunch, TheLaunchersReportIsNoSuccessAfterASignalOrAFailure) {
+  LocalLaunchResult r;
+  EXPECT_EQ(launch_report(r, 2).exit_status, 0);
+  EXPECT_EQ(launch_report(r, 2).message, "");
+  r.exit_code = 128 + SIGTERM;
+  r.message = "the launcher received signal 15 and ended every rank";
+  LaunchReport rep = launch_report(r, 2);
+  EXPECT_EQ(rep.exit_status, 128 + SIGTERM);
+  EXPECT_NE(rep.message.find("signal 15"), std::string::npos) << rep.message;
+  r.failed_rank = 1;
+  r.exit_code = 3;
+  r.message = "boom";
+  rep = launch_report(r, 2);
+  EXPECT_EQ(rep.exit_status, 3);
+  EXPECT_NE(rep.message.find("rank 1 of 2 failed (exit code 3)"), std::string::npos) << rep.message;
+  EXPECT_NE(rep.message.find("boom"), std::string::npos) << rep.message;
+}
+
 TEST(LocalLaunch, AProgramThatCannotStartIsAnError) {
   LocalLaunchOptions o = sh("true", 2);
   o.program = "/nonexistent/kestrel-train";

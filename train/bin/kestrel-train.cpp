@@ -186,11 +186,10 @@ int launch_node(int nproc, const nlohmann::json& cfg, int argc, char** argv) {
   }
   std::printf("kestrel-train: starting %d processes (ranks 0-%d, one per GPU)\n", nproc, nproc - 1);
   std::fflush(stdout);
-  const LocalLaunchResult r = launch_local_workers(o);
-  if (r.failed_rank < 0) return 0;
-  std::fprintf(stderr, "kestrel-train: rank %d of %d failed (exit code %d); the other ranks were ended. Its last "
-               "lines:\n%s\n", r.failed_rank, nproc, r.exit_code, r.message.c_str());
-  return r.exit_code == 0 ? 1 : r.exit_code;
+  // A signal to the launcher names no failed rank but is no success (exit 128 + the signal).
+  const LaunchReport rep = launch_report(launch_local_workers(o), nproc);
+  if (!rep.message.empty()) std::fprintf(stderr, "%s\n", rep.message.c_str());
+  return rep.exit_status;
 }
 
 int main(int argc, char** argv) {

@@ -41,6 +41,16 @@ struct LocalLaunchResult {
 
 LocalLaunchResult launch_local_workers(const LocalLaunchOptions& options);
 
+// What the launcher itself reports for `r` (kestrel-train --nproc-per-node): its exit status, 0
+// only when every rank succeeded (else the failed rank's code, or 128 + the signal the launcher
+// received, so a scheduler that stopped the job does not see success), and a message for stderr
+// ("" on success).
+struct LaunchReport {
+  int exit_status = 0;
+  std::string message;
+};
+LaunchReport launch_report(const LocalLaunchResult& r, int nproc);
+
 // The process environment as NAME=VALUE strings (read in runtime/src/environment.cpp, the one
 // place that reads it), for handing to a child process.
 std::vector<std::string> process_environment();
