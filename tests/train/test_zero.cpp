@@ -77,6 +77,28 @@ TEST(Zero, OwnershipIsContiguousAndBalanced) {
   }
 }
 
+// Frozen parameters (train.trainable) hold no AdamW state and no gradient: the balance is over
+// the trainable elements, else with the frozen half of a model first every trainable element would
+// land on the last ranks (2/W of the state each, where kestrel-mem plans 1/W).
+TEST(Zero, OwnershipBalancesTheTrainableElements) {
+  std::vector<Tensor> storage;
+  for (int i = 0; i < 8; ++i) storage.push_back(Tensor::zeros({100}));
+  models::ParameterList params;
+  for (int i = 0; i < 8; ++i) {
+    storage[i].set_requires_grad(i >= 4);  // a frozen tower first, the trained half after it
+    params.add("p" + std::to_string(i), &storage[i]);
+  }
+  for (int world : {2, 4}) {
+    const std::vector<int> owners = assign_parameter_owners(params, world);
+    std::vector<int64_t> load(world, 0);
+    for (int i = 0; i < 8; ++i) {
+      if (i > 0) ASSERT_GE(owners[i], owners[i - 1]) << "contiguous runs";
+      if (storage[i].requires_grad()) load[owners[i]] += storage[i].numel();
+    }
+    for (int r = 0; r < world; ++r) EXPECT_EQ(load[r], 400 / world) << "rank " << r << " of " << world;
+  }
+}
+
 TEST(Zero, EveryStageOnTwoFourAndEightRanksMatchesOneRank) {
   const std::string dir = fresh_temp_dir("kestrel_zero", "equal");
   nlohmann::json cfg = dp_run(dir, 8, 1);

@@ -11,12 +11,19 @@ namespace kestrel::train {
 
 std::vector<int> assign_parameter_owners(const models::ParameterList& params, int world) {
   KESTREL_CHECK(world >= 1, "zero", "world size must be >= 1, got ", world);
-  const int64_t total = params.numel();
+  // Balance what the owner pays for: the trainable elements (AdamW state, stage 2's gradients). A
+  // frozen parameter (train.trainable) weighs nothing and goes with its neighbours; with no
+  // trainable parameter at all, every element counts.
+  int64_t trainable = 0;
+  for (auto& [name, p] : params.items())
+    if (p->requires_grad()) trainable += p->numel();
+  const bool all = trainable == 0;
+  const int64_t total = all ? params.numel() : trainable;
   std::vector<int> owners;
   owners.reserve(params.size());
   int64_t start = 0;
   for (auto& [name, p] : params.items()) {
-    const int64_t n = p->numel();
+    const int64_t n = all || p->requires_grad() ? p->numel() : 0;
     // The rank whose even share of the flat order holds this parameter's midpoint (2x to stay integral).
     const int64_t mid2 = 2 * start + n;
     int r = total > 0 ? static_cast<int>(mid2 * world / (2 * total)) : 0;

@@ -2,7 +2,9 @@
 // - Ownership: whole parameters, not slices of a flattened parameter space. The parameters, in the
 //   ParameterList's order, are cut into `world` contiguous runs of about equal element counts:
 //   parameter i (elements [start, start + n) of the flat order) belongs to the rank
-//   floor((start + n/2) * world / total), its midpoint's rank. Whole parameters keep AdamW, its
+//   floor((start + n/2) * world / total), its midpoint's rank. The elements counted are the
+//   trainable ones (a frozen parameter of train.trainable has n = 0: it has no state or gradient
+//   to shard), or all of them when nothing is trainable. Whole parameters keep AdamW, its
 //   offload, its checkpoint names and resharding unchanged (an owned ParameterList is just a smaller
 //   model to it); the price is balance, which is within one parameter's size of even (the embedding
 //   and the LM head dominate a small model; a large one has hundreds of similar matrices).
