@@ -6,6 +6,7 @@
 #include "kestrel/models/vlm.h"
 #include "kestrel/runtime/memory.h"
 #include "kestrel/train/bpe_tokenizer.h"
+#include "kestrel/train/chat_data.h"
 #include "kestrel/train/token_data.h"
 #include "kestrel/train/vlm_data.h"
 #include "kestrel/runtime/log.h"
@@ -40,6 +41,9 @@ class VlmTask final : public Task {
   VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]), dtype_(dtype) {
     models::VlmConfig mc = resolve_vlm_config(cfg);  // towers' configs from model.vision_from / text_from
     const std::string type = data_cfg_["type"];
+    KESTREL_CHECK(type != "chat", "train", "data.type \"chat\" is not wired for model.type \"vlm\" yet (image "
+                  "tokens at <image> in conversations); use it with model.type \"decoder\", or \"jsonl\" "
+                  "image-text records here");
     KESTREL_CHECK(type == "shapes" || type == "jsonl", "train", "data.type '", type,
                   "' does not fit model.type \"vlm\"; use \"shapes\" (embedded) or \"jsonl\" (image-text records)");
     if (type == "jsonl") {
@@ -135,14 +139,28 @@ class DecoderTask final : public Task {
                     "model.init_from = DIR");
     models::TextConfig tc = model_config<models::TextConfig>(cfg);
     const json& d = cfg["data"];
-    KESTREL_CHECK(d["type"] == "tokens", "train", "data.type '", d["type"].get<std::string>(),
-                  "' does not fit model.type \"decoder\"; use \"tokens\" (llm.c token files in data.train_files)");
+    const std::string type = d["type"];
+    KESTREL_CHECK(type == "tokens" || type == "chat", "train", "data.type '", type,
+                  "' does not fit model.type \"decoder\"; use \"tokens\" (llm.c token files in data.train_files) "
+                  "or \"chat\" (conversation JSONL)");
     const std::string files = d["train_files"];
-    KESTREL_CHECK(!files.empty(), "train", "data.train_files is empty: give llm.c token files (paths or globs)");
     seq_len_ = d["seq_len"];
     KESTREL_CHECK(seq_len_ > 0, "train", "data.seq_len must be positive, got ", seq_len_);
-    stream_ = std::make_unique<TokenStream>(files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
-    if (const std::string tok = d["tokenizer"]; !tok.empty() && tok != "byte") {
+    if (type == "chat") {
+      KESTREL_CHECK(!files.empty(), "train", "data.train_files is empty: give the conversation JSONL file");
+      const std::string tok = d["tokenizer"];
+      chat_ = std::make_unique<ChatData>(files, load_text_tokenizer(tok), tok,
+                                         chat_template_from(d["chat_template"], tc.model_type), seq_len_,
+                                         tc.vocab_size);
+      log_message(LogLevel::Info, "train", "chat data: " + std::to_string(chat_->conversations()) +
+                                               " conversations in " + std::to_string(chat_->rows()) + " rows of " +
+                                               std::to_string(seq_len_) + " tokens, " +
+                                               std::to_string(chat_->truncated()) + " cut to seq_len");
+    } else {
+      KESTREL_CHECK(!files.empty(), "train", "data.train_files is empty: give llm.c token files (paths or globs)");
+      stream_ = std::make_unique<TokenStream>(files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
+    }
+    if (const std::string tok = d["tokenizer"]; type == "tokens" && !tok.empty() && tok != "byte") {
       // The token files should come from this tokenizer (kestrel-train tokenize); its ids must fit the model.
       const int64_t v = load_text_tokenizer(tok)->vocab_size();
       KESTREL_CHECK(v <= tc.vocab_size, "train", "data.tokenizer '", tok, "' has ", v,
@@ -157,7 +175,7 @@ class DecoderTask final : public Task {
   models::Decoder* decoder() override { return model_.get(); }
 
   HostBatch prepare(uint64_t index, int64_t batch_size) const override {
-    return stream_->host_batch(index, batch_size, seq_len_);
+    return chat_ ? chat_->host_batch(index, batch_size) : stream_->host_batch(index, batch_size, seq_len_);
   }
 
   Tensor loss(const HostBatch& hb, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
@@ -171,6 +189,7 @@ class DecoderTask final : public Task {
   Device device_;
   int64_t seq_len_ = 0;
   std::unique_ptr<TokenStream> stream_;
+  std::unique_ptr<ChatData> chat_;
   std::unique_ptr<models::Decoder> model_;
 };
 

@@ -2,7 +2,7 @@
 // index into host arrays (prepare: pure and thread-safe, so the prefetch thread runs it) and a
 // prepared batch on the device into a loss on the tape; the loop (trainer.cpp) owns everything else
 // (prefetching, optimizer, schedule, logging, checkpoints). Tasks: "vlm" on the embedded shapes data
-// or image-text JSONL, "decoder" on llm.c token files.
+// or image-text JSONL, "decoder" on llm.c token files or conversation JSONL (chat_data.h).
 #pragma once
 
 #include <memory>

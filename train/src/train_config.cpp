@@ -40,6 +40,7 @@ json default_train_config() {
         {"seq_len", 256},
         {"doc_start_token", -1},
         {"tokenizer", "byte"},
+        {"chat_template", "auto"},
         {"eval_offset", 1000000000},
         {"eval_samples", 100}}},
       {"train",
