@@ -106,6 +106,19 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
     for (Child& c : kids)
       if (c.running) ::kill(c.pid, SIGTERM);
   };
+  // A start that fails part way: the ranks already started have only just begun (and would wait for
+  // the missing one), so SIGKILL them, reap them and close their pipes; a blocking wait after a
+  // SIGTERM they ignore would never return.
+  auto abandon_started = [&] {
+    for (Child& c : kids)
+      if (c.running) ::kill(c.pid, SIGKILL);
+    for (Child& c : kids) {
+      if (c.running) ::waitpid(c.pid, nullptr, 0);
+      c.running = false;
+      if (c.err_fd >= 0) ::close(c.err_fd);
+      c.err_fd = -1;
+    }
+  };
 
   for (int r = 0; r < o.nproc; ++r) {
     std::vector<std::string> env = base;
@@ -127,9 +140,8 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       const int err = errno;
-      terminate_all();
-      for (Child& c : kids) if (c.running) ::waitpid(c.pid, nullptr, 0);
-      throw make_error("launch", "pipe: ", std::strerror(err));
+      abandon_started();
+      throw make_error("launch", "pipe for rank ", r, ": ", std::strerror(err));
     }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -140,11 +152,7 @@ LocalLaunchResult launch_local_workers(const LocalLaunchOptions& o) {
     ::close(fds[1]);
     if (rc != 0) {
       ::close(fds[0]);
-      terminate_all();
-      for (Child& c : kids)
-        if (c.running) ::waitpid(c.pid, nullptr, 0);
-      for (Child& c : kids)
-        if (c.err_fd >= 0) ::close(c.err_fd);
+      abandon_started();
       throw make_error("launch", "cannot start rank ", r, " (", prog, "): ", std::strerror(rc));
     }
     kids[r].pid = pid;

@@ -10,10 +10,13 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "kestrel/runtime/error.h"
@@ -135,6 +138,42 @@ TEST(LocalLaunch, TheLaunchersReportIsNoSuccessAfterASignalOrAFailure) {
   EXPECT_EQ(rep.exit_status, 3);
   EXPECT_NE(rep.message.find("rank 1 of 2 failed (exit code 3)"), std::string::npos) << rep.message;
   EXPECT_NE(rep.message.find("boom"), std::string::npos) << rep.message;
+}
+
+std::set<int> open_fds() {
+  std::set<int> listed, fds;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) listed.insert(std::stoi(e.path().filename()));
+  for (int fd : listed)
+    if (::fcntl(fd, F_GETFD) != -1) fds.insert(fd);  // not the listing's own, closed by now
+  return fds;
+}
+
+// Rank 1 cannot get its stderr pipe (RLIMIT_NOFILE leaves two free descriptors: rank 0's pipe takes
+// both, its write end is closed after the spawn, one is not enough): rank 0, which ignores SIGTERM,
+// is ended at once, reaped, and its pipe closed; the launch is an error, not a hang.
+TEST(LocalLaunch, AStartThatFailsPartWayEndsTheStartedRanks) {
+  LocalLaunchOptions o = sh("trap '' TERM; exec sleep 30", 2);
+  o.master_port = 29500;  // no port probe (its socket would take a descriptor)
+  const std::set<int> before = open_fds();
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  int limit = 0;
+  for (int free = 0; free < 2; ++limit)
+    if (!before.count(limit)) ++free;
+  rlimit lim = old;
+  lim.rlim_cur = static_cast<rlim_t>(limit);
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+  try {
+    launch_local_workers(o);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  EXPECT_NE(error.find("pipe for rank 1"), std::string::npos) << error;
+  EXPECT_LT(seconds_since(start), 10.0) << "rank 0 ignored SIGTERM and the launcher waited for it";
+  EXPECT_EQ(open_fds(), before) << "a started rank's pipe was left open";
 }
 
 TEST(LocalLaunch, AProgramThatCannotStartIsAnError) {
