@@ -164,7 +164,7 @@ class InProcessCommunicator final : public Communicator {
     KESTREL_CHECK(root >= 0 && root < world_size(), "comm", "reduce: root ", root, " is not a rank of a group of ",
                   world_size());
     // Only the root copies the result out (the others' tensors keep their inputs).
-    reduce("reduce", t.data_ptr(), t.data_ptr(), t.dtype(), t.numel(), rank_ == root ? t.numel() : 0, 0, op);
+    reduce("reduce", t.data_ptr(), t.data_ptr(), t.dtype(), t.numel(), rank_ == root ? t.numel() : 0, 0, op, root);
   }
 
   void barrier() override {
@@ -196,17 +196,19 @@ class InProcessCommunicator final : public Communicator {
   }
 
   // Reduces the ranks' `count` inputs; this rank receives elements [first, first + n) in `out`.
+  // `root`: reduce's (the ranks must agree on it, as on broadcast's); 0 for the others.
   void reduce(const char* what, const void* in, void* out, DType dt, int64_t count, int64_t n, int64_t first,
-              ReduceOp op) {
-    rv_->entries()[rank_] = Entry{what, dt, count, 0, in, out};
+              ReduceOp op, int root = 0) {
+    rv_->entries()[rank_] = Entry{what, dt, count, root, in, out};
     rv_->arrive(rank_, what, [this, count] { rv_->scratch().assign(static_cast<size_t>(count), 0.0); });
     const auto& e = rv_->entries();
     for (int r = 1; r < world_size(); ++r)
-      if (std::strcmp(e[r].collective, e[0].collective) != 0 || e[r].dtype != e[0].dtype || e[r].count != e[0].count) {
+      if (std::strcmp(e[r].collective, e[0].collective) != 0 || e[r].dtype != e[0].dtype || e[r].count != e[0].count ||
+          e[r].root != e[0].root) {
         rv_->arrive(rank_, what);
         throw make_error("comm", what, ": rank ", r, " called ", e[r].collective, " with ", e[r].count, " ",
-                         dtype_name(e[r].dtype), " elements but rank 0 called ", e[0].collective, " with ",
-                         e[0].count, " ", dtype_name(e[0].dtype));
+                         dtype_name(e[r].dtype), " elements (root ", e[r].root, ") but rank 0 called ",
+                         e[0].collective, " with ", e[0].count, " ", dtype_name(e[0].dtype), " (root ", e[0].root, ")");
       }
     const int world = world_size();
     const int64_t lo = count * rank_ / world, hi = count * (rank_ + 1) / world;

@@ -208,6 +208,13 @@ TEST(InProcessComm, MismatchedCollectivesAreNamedOnEveryRank) {
     comm.all_reduce(t, ReduceOp::Sum);
   });
   for (const auto& e : errors) expect_has(e, {"[comm] all_reduce", "4", "5"});
+  // reduce: ranks that disagree on the root (a ZeRO-2 bucket's owner) would each leave the sum to
+  // the other; named on every rank as broadcast's roots are.
+  errors = run_ranks(2, [](Communicator& comm) {
+    Tensor t = Tensor::full({4}, 1.0);
+    comm.reduce(t, comm.rank(), ReduceOp::Sum);
+  });
+  for (const auto& e : errors) expect_has(e, {"[comm] reduce", "root 0", "root 1"});
 }
 
 TEST(InProcessComm, BadArgumentsAreRefusedNamingTheCollective) {
