@@ -201,6 +201,34 @@ TEST(Checkpoint, ResumeIntoADifferentConfigIsRefused) {
   fs::remove_all(out);
 }
 
+// optimizer.update_overlap (the same update, bit for bit) and profile_step (a diagnostic) change
+// nothing a resume must refuse; they were compared, so profiling a step of a resumed run, or
+// resuming without the overlap, needed --allow-config-change.
+TEST(Checkpoint, OverlapAndProfileStepAreNotConfigChanges) {
+  const json saved = default_train_config();
+  json now = saved;
+  now["profile_step"] = 7;
+  now["optimizer"]["update_overlap"] = saved["optimizer"]["update_overlap"] == "off" ? "auto" : "off";
+  EXPECT_EQ(run_config_differences(saved, now), std::vector<std::string>{});
+  now["train"]["lr"] = saved["train"]["lr"].get<double>() * 2;
+  EXPECT_EQ(run_config_differences(saved, now).size(), 1u);
+}
+
+// A checkpoint from before train.weight_decay_params decayed every parameter; resumed under the new
+// default ("matrices": norms and biases do not decay) the update changed silently, as the absent key
+// counted as "added at its default". It is compared as "all", the behaviour it was made with.
+TEST(Checkpoint, ResumeFromBeforeWeightDecayParamsIsComparedAsAll) {
+  json saved = default_train_config();
+  saved["train"].erase("weight_decay_params");
+  json now = default_train_config();
+  ASSERT_EQ(now["train"]["weight_decay_params"], "matrices");
+  const std::vector<std::string> d = run_config_differences(saved, now);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].find("train.weight_decay_params"), std::string::npos) << d[0];
+  now["train"]["weight_decay_params"] = "all";
+  EXPECT_EQ(run_config_differences(saved, now), std::vector<std::string>{});
+}
+
 // A fresh run in an out_dir with another run's checkpoints pruned them as its own oldest and made
 // --resume latest continue the other run.
 TEST(Checkpoint, FreshRunRefusesAnotherRunsOutDir) {

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "checkpoint_io.h"
@@ -136,6 +137,11 @@ bool not_compared(const std::string& key) {
       "optimizer.offload", "optimizer.staging_slot_mib", "optimizer.staging_slots",
       // Where the gradients wait for the update (the same values; the norm is summed on the host).
       "optimizer.gradients",
+      // The host update beside the next forward: the same update, each layer waiting for its
+      // parameters (bit for bit the update before the forward).
+      "optimizer.update_overlap",
+      // A diagnostic: one step's device time per op.
+      "profile_step",
       // Where bytes live (memory.matmul_tf32 changes f32 GEMMs, so it is compared).
       "memory.pinned_limit", "memory.offload_inflight", "memory.allocator",
       // How the ranks share the work (the world size is not in the config either): ZeRO stages give
@@ -165,7 +171,18 @@ bool added_at_default(const json& saved, const json& now, const std::string& pat
   return *d == now;
 }
 
-void diff(const json& saved, const json& now, const std::string& path, std::vector<std::string>& out) {
+// Keys added with a default that is not what runs did before them: a saved config without the key
+// ran the old behaviour, so it is compared as that value (not skipped as "added at its default").
+const json* behaviour_before_key(const std::string& path) {
+  // Before train.weight_decay_params (issue 24) every parameter decayed; the default is "matrices".
+  static const std::map<std::string, json> before = {{"train.weight_decay_params", "all"}};
+  auto it = before.find(path);
+  return it == before.end() ? nullptr : &it->second;
+}
+
+void diff(const json& saved_in, const json& now, const std::string& path, std::vector<std::string>& out) {
+  const json* old = saved_in.is_null() ? behaviour_before_key(path) : nullptr;
+  const json& saved = old ? *old : saved_in;
   if (!path.empty() && (not_compared(path) || added_at_default(saved, now, path))) return;
   if (saved.is_object() && now.is_object()) {
     std::set<std::string> keys;
