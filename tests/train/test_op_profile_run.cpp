@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 
+#include "kestrel/runtime/error.h"
 #include "trainer_fixtures.h"
 
 namespace kestrel::train::testing {
@@ -49,6 +50,28 @@ TEST(OpProfileRun, TheChosenStepsOpsGoToTheLogAndTheJson) {
   t2.set_log_callback([](const std::string&) {});
   t2.run();
   EXPECT_FALSE(std::filesystem::exists(quiet + "/out/op_profile.json"));
+}
+
+// A profile_step the run never reaches (past train.steps, or negative) profiled nothing without a
+// word; it is refused naming the key.
+TEST(OpProfileRun, AStepOutsideTheRunIsRefused) {
+  const std::string dir = fresh_temp_dir("kestrel_op_profile", "outside");
+  nlohmann::json text = {{"model_type", "llama"}, {"vocab_size", 67}, {"hidden_size", 32}, {"intermediate_size", 48},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                         {"tie_word_embeddings", false}};
+  nlohmann::json cfg = tiny_decoder_run(dir, text, 64, 9, 24, 2, "cpu");
+  cfg["train"]["steps"] = 3;
+  for (int64_t bad : {4, -1}) {
+    cfg["profile_step"] = bad;
+    try {
+      Trainer t(cfg);
+      ADD_FAILURE() << "profile_step " << bad << " with train.steps 3 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("profile_step"), std::string::npos) << e.what();
+    }
+  }
+  cfg["profile_step"] = 3;
+  EXPECT_NO_THROW(Trainer t(cfg));
 }
 
 }  // namespace

@@ -70,6 +70,22 @@ TEST(ParamGroups, ConfigErrorsNameTheKey) {
   }
 }
 
+// train.vision_lr_scale on a model without a vision tower (model.type "decoder") changed nothing
+// and was accepted silently; it is refused naming the key. At 1 (the default) it is fine anywhere.
+TEST(ParamGroups, VisionLrScaleWithoutATowerIsRefused) {
+  ParameterGroupRules r;
+  r.vision_lr_scale = 0.1;
+  try {
+    r.check_names({"model.embed_tokens.weight", "model.norm.weight"});
+    ADD_FAILURE() << "train.vision_lr_scale without a vision tower was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.vision_lr_scale"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(r.check_names({"vision_tower.vision_model.post_layernorm.weight", "multi_modal_projector.linear_1.weight"}));
+  r.vision_lr_scale = 1.0;
+  EXPECT_NO_THROW(r.check_names({"model.embed_tokens.weight"}));
+}
+
 models::VlmConfig tiny_config(bool untied_qwen3) {
   json cfg = testing::tiny_vlm_run("/tmp/unused", json::object());
   if (untied_qwen3) {

@@ -80,6 +80,11 @@ void ParameterGroupRules::check_names(const std::vector<std::string>& names) con
     any = true;
   }
   KESTREL_CHECK(any, "train", "train.trainable leaves nothing to train");
+  // A multiplier for a tower the model does not have would change nothing: say so.
+  const bool tower = std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.starts_with("vision_tower."); });
+  KESTREL_CHECK(vision_lr_scale == 1.0 || tower, "train", "train.vision_lr_scale is ", vision_lr_scale,
+                " but the model has no vision tower (no 'vision_tower.*' parameter), so it would change nothing; "
+                "leave it at 1 (it applies to model.type \"vlm\")");
 }
 
 int64_t apply_trainable(const models::ParameterList& params, const ParameterGroupRules& rules) {

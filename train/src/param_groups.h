@@ -41,7 +41,8 @@ struct ParameterGroupRules {
   bool is_trainable(const std::string& name) const;
   // AdamW's group of one parameter: its weight decay (`weight_decay` or 0) and lr multiplier.
   ParameterGroup group(const std::string& name, int64_t dim, double weight_decay) const;
-  // Throws naming the first pattern that matches none of `names`, or when none is trainable.
+  // Throws naming the first pattern that matches none of `names`, when none is trainable, or when
+  // vision_lr_scale is not 1 and no name is a vision tower's.
   void check_names(const std::vector<std::string>& names) const;
 };
 

@@ -159,6 +159,10 @@ struct Trainer::Impl {
     KESTREL_CHECK(nonfinite == "stop" || nonfinite == "skip", "train",
                   "train.nonfinite must be \"stop\" or \"skip\", got '", nonfinite, "'");
     nonfinite_skip = nonfinite == "skip";
+    // profile_step past the run (or negative) would profile nothing without a word.
+    const json& ps = cfg["profile_step"];
+    KESTREL_CHECK(ps.is_number_integer() && ps.get<int64_t>() >= 0 && ps.get<int64_t>() <= total_steps, "train",
+                  "profile_step must be 0 (off) or a step in [1, train.steps = ", total_steps, "], got ", ps.dump());
 
     task = make_task(cfg, dtype, device);
     // train.deterministic: the models' backward sums in a fixed order (no atomics) on the GPU.
