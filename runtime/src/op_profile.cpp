@@ -33,6 +33,7 @@ OpProfile::~OpProfile() {
 void OpProfile::start() {
   KESTREL_CHECK(!started_, "op-profile", "start: this profile already recorded; use a new one");
   OpProfile* none = nullptr;
+  owner_ = std::this_thread::get_id();  // before publishing: a bracket reads it once it sees this profile
   KESTREL_CHECK(g_recording.compare_exchange_strong(none, this), "op-profile",
                 "start: another OpProfile is recording (one at a time per process)");
   started_ = true;
@@ -110,7 +111,7 @@ double OpProfile::total_ms() const {
 
 OpProfile::Bracket::Bracket(const char* op, Device device) {
   OpProfile* p = OpProfile::recording();
-  if (!p) return;
+  if (!p || std::this_thread::get_id() != p->owner_) return;
   counted_ = true;
   if (t_depth++ > 0) return;  // inside another op's bracket: its time is that op's
   profile_ = p;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <map>
+#include <thread>
 
 #include "kestrel/ops/matmul.h"
 #include "kestrel/ops/norm.h"
@@ -58,6 +59,20 @@ TEST(OpProfile, NestedBracketsBelongToTheOutermostOp) {
   auto m = by_name(p);
   EXPECT_EQ(m["outer_op"].calls, 1);
   EXPECT_EQ(m["inner_op"].calls, 1) << "a bracket inside another op's was recorded";
+}
+
+TEST(OpProfile, OnlyTheStartingThreadIsRecorded) {
+  OpProfile p;
+  p.start();
+  std::thread other([] {
+    for (int i = 0; i < 3; ++i) OpProfile::Bracket b("other_thread_op", Device::cpu());
+  });
+  other.join();
+  { OpProfile::Bracket mine("own_thread_op", Device::cpu()); }
+  p.stop();
+  auto m = by_name(p);
+  EXPECT_EQ(m.count("other_thread_op"), 0u) << "an op on another thread was recorded";
+  EXPECT_EQ(m["own_thread_op"].calls, 1);
 }
 
 TEST(OpProfile, OneRecordingProfileAtATime) {

@@ -34,15 +34,19 @@ const json kText = {{"model_type", "qwen2"}, {"vocab_size", 260}, {"hidden_size"
                     {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
                     {"tie_word_embeddings", true}};
 
-// A SigLIP vision folder ("vision_model.*"); `full`: a two-tower "siglip" folder with text tensors too.
-void write_siglip(const std::string& dir, bool full, uint64_t seed) {
+// A SigLIP vision folder ("vision_model.*"); `full`: a two-tower "siglip" folder with text tensors too;
+// `flat`: the layout transformers' SiglipVisionModel saves since 5.8 (no "vision_model." wrapper, and
+// its attention-pooling head).
+void write_siglip(const std::string& dir, bool full, uint64_t seed, bool flat = false) {
   models::VisionTower tower(models::VisionConfig::from_json(kVision), DType::F32, Device::cpu(), seed);
   fs::create_directories(dir);
   json cfg = kVision;
   std::vector<models::SafetensorsWriteEntry> entries;
   for (auto& [name, t] : tower.parameters().items())
-    entries.push_back({name, DType::F32, std::vector<int64_t>(t->shape().begin(), t->shape().end()), t->data_ptr()});
+    entries.push_back({flat ? name.substr(std::string("vision_model.").size()) : name, DType::F32,
+                       std::vector<int64_t>(t->shape().begin(), t->shape().end()), t->data_ptr()});
   Tensor extra = kestrel::testing::randn({7, 16});
+  if (flat) entries.push_back({"head.probe", DType::F32, {7, 16}, extra.data_ptr()});
   if (full) {
     cfg = {{"model_type", "siglip"}, {"vision_config", kVision}, {"text_config", {{"hidden_size", 16}}}};
     cfg["vision_config"].erase("model_type");
@@ -81,10 +85,11 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 TEST(VlmInit, TowersLoadFromSiglipAndQwenFolders) {
-  for (bool full : {false, true}) {
-    SCOPED_TRACE(full ? "full siglip" : "siglip_vision_model");
-    const std::string dir = testing::fresh_temp_dir("kestrel_towers", full ? "full" : "vision");
-    write_siglip(dir + "/siglip", full, 11);
+  for (int variant : {0, 1, 2}) {
+    const bool full = variant == 1, flat = variant == 2;
+    SCOPED_TRACE(full ? "full siglip" : flat ? "siglip_vision_model, flat layout" : "siglip_vision_model");
+    const std::string dir = testing::fresh_temp_dir("kestrel_towers", full ? "full" : flat ? "flat" : "vision");
+    write_siglip(dir + "/siglip", full, 11, flat);
     write_text(dir + "/qwen", kText, 12);
     // Only the VLM's own fields: the towers' configs come from the folders.
     json cfg = tower_run(dir, {{"image_token_id", 259}, {"pixel_shuffle_factor", 2}});
@@ -98,6 +103,7 @@ TEST(VlmInit, TowersLoadFromSiglipAndQwenFolders) {
     load_pretrained_towers(vlm, cfg, [&](const std::string& l) { lines.push_back(l); });
     ASSERT_EQ(lines.size(), 2u);
     if (full) EXPECT_NE(lines[0].find("2 of its tensors unused"), std::string::npos) << lines[0];
+    if (flat) EXPECT_NE(lines[0].find("1 of its tensors unused, e.g. head.probe"), std::string::npos) << lines[0];
     models::VisionTower tower(mc.vision_config, DType::F32, Device::cpu(), 11, "vision_tower.");
     models::Decoder text(mc.text_config, DType::F32, Device::cpu(), 12, "language_model.");
     for (auto& [name, t] : vlm.parameters().items()) {

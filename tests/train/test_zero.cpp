@@ -187,6 +187,11 @@ TEST(Zero, CheckpointsHoldOneShardPerRankAndResumeOntoAnotherWorld) {
     models::write_json_file(copy + "/manifest.json", m, "test");
     std::filesystem::remove(copy + "/optimizer-00001-of-00004.safetensors");
     kestrel::testing::expect_has(verify_checkpoint(copy), {"3 of the 4 optimizer shards"});
+    // Rank 2 listed twice under another spelling in place of rank 1: not four ranks.
+    std::filesystem::copy_file(copy + "/optimizer-00002-of-00004.safetensors", copy + "/optimizer-2-of-4.safetensors");
+    m["files"]["optimizer-2-of-4.safetensors"] = m["files"]["optimizer-00002-of-00004.safetensors"];
+    models::write_json_file(copy + "/manifest.json", m, "test");
+    kestrel::testing::expect_has(verify_checkpoint(copy), {"optimizer-2-of-4.safetensors", "not a shard"});
   }
   const auto whole = optimizer_files(dir + "/one/checkpoints/step_00000002");
   ASSERT_EQ(whole.size(), 1u);

@@ -81,7 +81,11 @@ std::string verify_or_throw(const fs::path& dir) {
       int r = -1, w = -1;
       char tail[32] = {0};
       if (std::sscanf(it.key().c_str(), "optimizer-%5d-of-%5d.%31s", &r, &w, tail) != 3) continue;
-      if (std::string(tail) != "safetensors" || w < 1 || r < 0 || r >= w || (world != 0 && w != world))
+      // Only the canonical spelling counts (one name per rank), so `found` counts distinct ranks.
+      char canon[64];
+      std::snprintf(canon, sizeof canon, "optimizer-%05d-of-%05d.safetensors", r, w);
+      if (std::string(tail) != "safetensors" || w < 1 || r < 0 || r >= w || (world != 0 && w != world) ||
+          it.key() != canon)
         return "manifest.json lists '" + it.key() + "', which is not a shard of one optimizer-*-of-* set";
       world = w;
       ++found;

@@ -1,6 +1,8 @@
 // Pretrained towers for the VLM (vlm_init.h states the rules).
 #include "vlm_init.h"
 
+#include "kestrel/models/safetensors.h"
+
 #include <filesystem>
 #include <sstream>
 
@@ -115,8 +117,25 @@ void load_pretrained_towers(models::Vlm& vlm, const json& cfg, const std::functi
     // checkpoint's "vision_model.X"; "language_model.model.X" the decoder's "model.X".
     models::ParameterList tower;
     const std::string pre = prefix;
-    for (auto& [name, t] : vlm.parameters().items())
-      if (name.starts_with(pre)) tower.add(name.substr(pre.size()), t);
+    // SigLIP folders come in two layouts: the Hub's (and transformers' before 5.8) "vision_model.X",
+    // and the flat "X" that transformers' SiglipVisionModel saves since it dropped its wrapper.
+    std::string strip;
+    if (std::string(key) == "vision_from") {
+      try {
+        const models::SafetensorsReader r = models::SafetensorsReader::open(folder);
+        if (!r.contains("vision_model.embeddings.patch_embedding.weight") &&
+            r.contains("embeddings.patch_embedding.weight"))
+          strip = "vision_model.";
+      } catch (const Error& e) {
+        throw make_error("train", "model.", key, " '", folder, "': ", e.what());
+      }
+    }
+    for (auto& [name, t] : vlm.parameters().items()) {
+      if (!name.starts_with(pre)) continue;
+      std::string local = name.substr(pre.size());
+      if (!strip.empty() && local.starts_with(strip)) local = local.substr(strip.size());
+      tower.add(local, t);
+    }
     models::LoadReport r;
     try {
       r = models::load_safetensors(tower, folder, /*strict=*/true);

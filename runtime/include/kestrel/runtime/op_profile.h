@@ -2,7 +2,8 @@
 // (kestrel-train's `profile_step`). While an OpProfile records, every op's kernel dispatch (the ops
 // layer's registry) is bracketed by two timestamps on the current stream of the op's device (CUDA
 // events; the host clock on the CPU, where kernels run synchronously) and attributed to the
-// outermost op only, under the op's name. stop() waits for the device and sums per name; what the
+// outermost op only, under the op's name. Only the thread that called start() is recorded (the one
+// that runs the step; ops on other threads are not timed and cannot race with stop()). stop() waits for the device and sums per name; what the
 // sum leaves of the wall time is launch gaps, host waits and copies outside ops. Not recording, a
 // dispatch costs one atomic load.
 #pragma once
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kestrel/runtime/device.h"
@@ -72,6 +74,7 @@ class OpProfile {
   std::vector<Mark> marks_;
   std::vector<OpTime> ops_;
   bool started_ = false;
+  std::thread::id owner_;  // the thread that called start()
 };
 
 }  // namespace kestrel
