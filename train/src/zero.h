@@ -37,8 +37,9 @@ models::ParameterList owned_parameters(const models::ParameterList& params, cons
 void gather_parameters(const models::ParameterList& params, const std::vector<int>& owners, Communicator& comm);
 
 // Stage 2: the global L2 norm of the gradients spread over the ranks (each rank passes the ones it
-// owns), and, when max_norm > 0 and the norm is finite, every passed gradient scaled in place by
-// max_norm / (norm + 1e-6) if that is below 1 (clip_grad_norm's rule). A [] f32 tensor on `device`.
+// owns), and, when max_norm > 0, every passed gradient scaled in place by min(1, max_norm / (norm +
+// 1e-6)) (clip_grad_norm's rule; a non-finite norm makes the gradients non-finite too, and the
+// trainer's train.nonfinite then skips or stops the step). A [] f32 tensor on `device`.
 Tensor clip_sharded_grad_norm(const std::vector<Tensor>& owned_grads, double max_norm, Communicator& comm,
                               Device device);
 

@@ -12,7 +12,8 @@
 //   also when tied, as a copy). Refused, naming each field, unless the model computes what LLaVA
 //   computes: pixel_shuffle_factor 1, projector_hidden_size = the text width, vision_feature_layer set
 //   (Kestrel's default post_layernorm features have no LLaVA equivalent).
-// The weights are written in `dtype` (default: as stored).
+// The weights are written in f32 (the export builds the VLM in f32); the config's torch_dtype is the
+// source folders'.
 #pragma once
 
 #include <nlohmann/json.hpp>
