@@ -202,8 +202,13 @@ std::string save_checkpoint_sharded(const std::string& out_dir, int64_t step, ui
     throw;
   }
   if (writer) {
-    put_in_place(root, tmp, final_dir);
-    prune(root, keep, final_dir);
+    try {
+      put_in_place(root, tmp, final_dir);
+      prune(root, keep, final_dir);
+    } catch (const std::exception& e) {
+      comm.abort(e.what());  // the others are past the last barrier: fail them now, not at a timeout
+      throw;
+    }
   }
   return final_dir.string();
 }
