@@ -33,7 +33,8 @@ set(KESTREL_INTERNAL_HEADERS
     models/json_text.h
     train/bpe_tokenizer.h train/host_batch.h train/image_io.h train/memory_plan.h train/memory_profile.h
     train/memory_viz_export.h train/pickle_writer.h train/shapes_dataset.h train/token_data.h
-    train/tokenize_text.h train/tokenizer.h train/vlm_data.h train/chat_data.h)
+    train/tokenize_text.h train/tokenizer.h train/vlm_data.h train/chat_data.h
+    train/image_tiling.h)
 list(TRANSFORM KESTREL_INTERNAL_HEADERS REPLACE "^([a-z_]+)/([a-z0-9_]+)\\.h$" "/kestrel/\\1/\\2.h$")
 list(JOIN KESTREL_INTERNAL_HEADERS "|" _kestrel_internal_regex)
 foreach(dir IN LISTS KESTREL_LAYERS ITEMS .)  # "." : the umbrella kestrel/kestrel.h in include/
