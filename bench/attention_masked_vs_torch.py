@@ -116,8 +116,13 @@ def varlen_rows(seed, d, bwd):
     try:
         from torch.nn.attention.varlen import varlen_attn
 
+        import inspect
+        # torch 2.9-2.10 take is_causal; 2.11 on express causal as the window (-1, 0) (left unbounded, right 0).
+        causal = {"is_causal": True} if "is_causal" in inspect.signature(varlen_attn).parameters \
+            else {"window_size": (-1, 0)}
+
         def fv():
-            o = varlen_attn(q, k, v, cu, cu, mx, mx, is_causal=True)
+            o = varlen_attn(q, k, v, cu, cu, mx, mx, **causal)
             grad_step(o, (q, k, v), g, bwd)
         ms = run("varlen_attn", fv)
         out["varlen_fa2"] = tflops(scores, d, bwd, ms) if ms else None
@@ -125,8 +130,10 @@ def varlen_rows(seed, d, bwd):
         print(f"# torch.nn.attention.varlen unavailable: {err}")
     # Nested jagged tensors through SDPA (cuDNN backend where it accepts them).
     try:
+        offsets = cu.long()  # one offsets tensor: the nested tensors share their ragged dimension
+
         def nested(x):
-            return torch.nested.nested_tensor_from_jagged(x, offsets=cu.long()).transpose(1, 2)
+            return torch.nested.nested_tensor_from_jagged(x, offsets=offsets).transpose(1, 2)
         qn, kn, vn = nested(q), nested(k), nested(v)
         gn = nested(g)
 
