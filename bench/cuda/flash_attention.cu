@@ -1,5 +1,5 @@
 // Flash attention throughput (bf16, H200): 16384 tokens packed as 16384/T documents of length T,
-// 32 query heads (= KV heads), T in {1k..16k}, D in {64, 128}, causal and bidirectional, forward
+// 32 query heads (= KV heads), T in {1k..16k}, D in {64, 72, 128}, causal and bidirectional, forward
 // and forward+backward. FLOPs are counted as FlashAttention does: forward 4*T*T*D*H per document
 // (halved when causal), backward 2.5x forward. Timed with CUDA events (manual time); the
 // TFLOP/s counter is what bench/attention_vs_torch.py puts beside PyTorch's FA2 and cuDNN.
@@ -10,6 +10,11 @@
 // 4k documents, W in {256..4096}); its FLOPs count only the visible area (W*T - W(W-1)/2 scores
 // per document), so a kernel that skips the tiles outside the window shows about the TFLOP/s of
 // full causal at the same T, and one that merely masked them would fall by T/W.
+// D 72 (SigLIP so400m's head dim) runs the narrow Hopper kernels (kernel head dim 80); its FLOPs are
+// counted at D = 72, not at the kernel's width. BM_flash_attention_padded: the same D-72 rows on
+// FlashKernel::HopperPadded (the 128 kernels, the path before the narrow ones), T 8k. BM_flash_attention_so400m:
+// the so400m vision tower's attention, 22 images of 729 tokens (16038 tokens), 16 heads of 72,
+// bidirectional, fwd and fwd+bwd, narrow (padded:0) and padded (padded:1).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +32,7 @@ namespace {
 using kestrel::cuda::AttnDType;
 using kestrel::cuda::FlashAttentionBackwardParams;
 using kestrel::cuda::FlashAttentionParams;
+using kestrel::cuda::FlashKernel;
 
 constexpr int kTokens = 16384;
 constexpr int kHeads = 32;
@@ -53,14 +59,17 @@ struct Buffers {
   size_t ws_bytes;
 };
 
+// Documents of length T (kTokens / T of them unless docs > 0), heads query = KV heads.
 void bench_attention(benchmark::State& state, int T, int D, bool causal, int window, bool backward,
-                     bool deterministic = false) {
-  const int docs = kTokens / T;
-  const size_t n = static_cast<size_t>(kTokens) * kHeads * D;
+                     bool deterministic = false, FlashKernel kernel = FlashKernel::Auto, int docs = 0,
+                     int heads = kHeads) {
+  if (docs == 0) docs = kTokens / T;
+  const int tokens = docs * T;
+  const size_t n = static_cast<size_t>(tokens) * heads * D;
   Buffers b{};
   for (void** p : {&b.q, &b.k, &b.v, &b.out, &b.dout, &b.dq, &b.dk, &b.dv})
     KESTREL_CUDA_CHECK(cudaMalloc(p, n * 2));
-  KESTREL_CUDA_CHECK(cudaMalloc(&b.lse, static_cast<size_t>(kTokens) * kHeads * sizeof(float)));
+  KESTREL_CUDA_CHECK(cudaMalloc(&b.lse, static_cast<size_t>(tokens) * heads * sizeof(float)));
   std::vector<int32_t> cu(docs + 1);
   for (int i = 0; i <= docs; ++i) cu[i] = i * T;
   KESTREL_CUDA_CHECK(cudaMalloc(&b.cu, cu.size() * sizeof(int32_t)));
@@ -69,9 +78,10 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   for (void* p : {b.q, b.k, b.v, b.dout}) fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed++);
   KESTREL_CUDA_CHECK_LAUNCH();
 
-  FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, kHeads, kHeads, D,
-                         1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16, kTokens, kTokens};
+  FlashAttentionParams p{b.q, b.k, b.v, b.out, b.lse, b.cu, b.cu, docs, T, T, heads, heads, D,
+                         1.f / std::sqrt(static_cast<float>(D)), causal, AttnDType::BF16, tokens, tokens};
   p.window = window;
+  p.kernel = kernel;
   p.deterministic = deterministic;
   b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
@@ -98,11 +108,12 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   // Scores computed per document: T*T, causal T*T/2 (FlashAttention's count), windowed the visible area.
   const double w = window;
   const double scores = !causal ? 1.0 * T * T : window > 0 && window < T ? w * T - w * (w - 1) / 2 : 0.5 * T * T;
-  const double fwd_flops = 4.0 * scores * D * kHeads * docs;
+  const double fwd_flops = 4.0 * scores * D * heads * docs;
   const double flops = fwd_flops * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(causal ? "causal" : "bidir") + (window > 0 ? " window=" + std::to_string(window) : "") +
-                 (backward ? " fwd+bwd" : " fwd") + (deterministic ? " deterministic" : ""));
+                 (backward ? " fwd+bwd" : " fwd") + (deterministic ? " deterministic" : "") +
+                 (kernel == FlashKernel::HopperPadded ? " padded" : ""));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
@@ -124,10 +135,20 @@ void BM_flash_attention_deterministic(benchmark::State& state) {
   bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), true, 0, true, true);
 }
 
+void BM_flash_attention_padded(benchmark::State& state) {
+  bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2) != 0, 0,
+                  state.range(3) != 0, false, FlashKernel::HopperPadded);
+}
+
+void BM_flash_attention_so400m(benchmark::State& state) {
+  bench_attention(state, 729, 72, false, 0, state.range(0) != 0, false,
+                  state.range(1) ? FlashKernel::HopperPadded : FlashKernel::Auto, 22, 16);
+}
+
 void args(benchmark::internal::Benchmark* bm) {
   for (int bwd : {0, 1})
     for (int causal : {1, 0})
-      for (int d : {64, 128})
+      for (int d : {64, 72, 128})
         for (int t : {1024, 2048, 4096, 8192, 16384}) bm->Args({t, d, causal, bwd});
   bm->ArgNames({"T", "D", "causal", "bwd"});
 }
@@ -149,6 +170,19 @@ void deterministic_args(benchmark::internal::Benchmark* bm) {
 
 BENCHMARK(BM_flash_attention_deterministic)->Apply(deterministic_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_window)->Apply(window_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+
+void padded_args(benchmark::internal::Benchmark* bm) {
+  for (int bwd : {0, 1})
+    for (int causal : {1, 0}) bm->Args({8192, 72, causal, bwd});
+  bm->ArgNames({"T", "D", "causal", "bwd"});
+}
+void so400m_args(benchmark::internal::Benchmark* bm) {
+  for (int bwd : {0, 1})
+    for (int padded : {0, 1}) bm->Args({bwd, padded});
+  bm->ArgNames({"bwd", "padded"});
+}
+BENCHMARK(BM_flash_attention_padded)->Apply(padded_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+BENCHMARK(BM_flash_attention_so400m)->Apply(so400m_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 
 }  // namespace
 

@@ -37,11 +37,18 @@ void run_backward(const FlashAttentionBackwardParams& bp, const KernelChoice& ch
       launch_bwd_mma<T>(a, stream);
     } else {
       head_dim_switch(choice.kernel_head_dim, [&](auto d) {
-        bool_switch(p.deterministic, [&](auto det) {
-          bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
-            launch_bwd_wgmma<T, decltype(d)::value, decltype(det)::value, decltype(prefix)::value>(a, stream);
+        constexpr int kD = decltype(d)::value;
+        if constexpr (kernel_has_variants(kD)) {
+          bool_switch(p.deterministic, [&](auto det) {
+            bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
+              launch_bwd_wgmma<T, kD, decltype(det)::value, decltype(prefix)::value>(a, stream);
+            });
           });
-        });
+        } else {  // built without the deterministic / prefix-LM variants (choose_kernel pads those)
+          KESTREL_CHECK(!p.deterministic && !p.prefix_len, "flash_attention",
+                        "no deterministic or prefix-LM backward at kernel head dim ", kD);
+          launch_bwd_wgmma<T, kD, false, false>(a, stream);
+        }
       });
     }
   }

@@ -3,7 +3,9 @@
 // One block = 2 warpgroups owning kBc = 128 keys of one KV head (64 keys each: wgmma's M) and
 // walking kBr-query tiles of every query head of its GQA group, so dK/dV stay in registers for
 // the whole kernel and reduce deterministically (same BwdArgs and workspace as the mma.sync
-// kernels). Head dim 128 uses kBr = 64, head dim 64 kBr = 128. Per query tile and warpgroup:
+// kernels). Head dim 128 uses kBr = 64, head dim 64 kBr = 128; the narrow head dims 80/96/112
+// (traits.h) keep the 128 layout and kBr = 64, issue kD/16 k-steps for S^T / dP^T and N = kD for
+// dV / dK, and load only the first kD columns of each tile. Per query tile and warpgroup:
 //   S^T  = K Q^T    wgmma m64n{kBr}k16, K and Q K-major from 128-byte-swizzled shared tiles;
 //   dP^T = V dO^T   same;
 //   P^T  = exp2(S^T * scale * log2e - lse2) (masked: causal bottom-right, sliding window, document ends),
@@ -43,23 +45,28 @@ namespace kestrel::cuda::fa {
 template <int kD, int kBr>
 constexpr size_t bwd_wgmma_smem_bytes() {
   // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 1 KiB for the 1024-byte alignment.
-  return static_cast<size_t>(2 * 128 * kD + 6 * kBr * kD + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
+  constexpr int kDs = kernel_smem_dim(kD);
+  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
+  constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
+                                            // except by dQ's second 64-column half, whose extra columns
+                                            // are dropped by reduce_dq)
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
   constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
   constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
-  constexpr uint32_t kKVBytes = kBc * kD * 2, kQBytes = kBr * kD * 2, kSBytes = kBc * kBr * 2;
-  static_assert((kD == 128 && kBr == 64) || (kD == 64 && kBr == 128), "dQ tile: 64 x 64 per warpgroup");
+  constexpr uint32_t kKVBytes = kBc * kDs * 2, kQBytes = kBr * kDs * 2, kSBytes = kBc * kBr * 2;
+  static_assert((kDs == 128 && kBr == 64) || (kDs == 64 && kBr == 128), "dQ tile: 64 x 64 per warpgroup");
+  static_assert(kD % 16 == 0 && kD <= kDs && kD > kDs - 64, "head dim within the shared tile's last slab");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t sK = (raw + 1023u) & ~1023u;    // [kD/64][kBc][64]
-  const uint32_t sV = sK + kKVBytes;             // [kD/64][kBc][64]
-  const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kD/64][kBr][64]
-  const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kD/64][kBr][64]
+  const uint32_t sK = (raw + 1023u) & ~1023u;    // [kDs/64][kBc][64]
+  const uint32_t sV = sK + kKVBytes;             // [kDs/64][kBc][64]
+  const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kDs/64][kBr][64]
+  const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kDs/64][kBr][64]
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
   float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
@@ -122,7 +129,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint64_t dQ_k = wgmma_desc(sQ0, 16, 1024), dO_k = wgmma_desc(sdO0, 16, 1024);
   const uint64_t dQ_mn = wgmma_desc(sQ0, kBr * 128, 1024), dO_mn = wgmma_desc(sdO0, kBr * 128, 1024);
   const uint64_t dS_mn = wgmma_desc(sdS0 + (kBr == 128 ? wg * (kBc * 128) : 0), kBc * 128, 1024);
-  const uint64_t dK_mn = wgmma_desc(sK + (kD == 128 ? wg * (kBc * 128) : 0), kBc * 128, 1024);
+  const uint64_t dK_mn = wgmma_desc(sK + (kDs == 128 ? wg * (kBc * 128) : 0), kBc * 128, 1024);
 
   auto issue_sdp = [&](int buf) {
     const uint64_t q_t = dQ_k + buf * (kQBytes / 16), o_t = dO_k + buf * (kQBytes / 16);
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     for (int kk = 0; kk < kKs; ++kk) WgmmaRS<T, kD>::run(dk, da[kk], q_t + kk * (16 * 128 / 16));
     wgmma_commit();
   };
-  // dQ[64, 64] = dS K for this warpgroup: rows (kBr 128) or columns (kD 128) split by wg.
+  // dQ[64, 64] = dS K for this warpgroup: rows (kBr 128) or columns (kDs 128) split by wg.
   auto issue_dq = [&](int sbuf) {
     const uint64_t s_t = dS_mn + sbuf * (kSBytes / 16);
 #pragma unroll
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   auto reduce_dq = [&](int it) {
     const int h = tile_head(it), m0 = tile_m0(it);
     const int qrow = m0 + (kBr == 128 ? wg * 64 : 0) + key_lo;  // accumulator rows qrow, qrow + 8
-    const int col0 = (kD == 128 ? wg * 64 : 0) + 2 * c;
+    const int col0 = (kDs == 128 ? wg * 64 : 0) + 2 * c;
     float* dst = a.dq_accum + (static_cast<int64_t>(q_start + qrow) * p.num_heads_q + h) * D + col0;
     const int64_t row_step = static_cast<int64_t>(p.num_heads_q) * D * 8;
 #pragma unroll

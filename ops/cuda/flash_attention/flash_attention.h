@@ -8,8 +8,8 @@
 // lse = -inf. Extra memory is O(tokens x heads): the backward workspace holds an f32 dq
 // accumulator and two f32 rows per (token, head) (plus one i32 per (token, head) when
 // deterministic). No host synchronisation: max lengths and token counts come from the caller.
-// head_dim must be a multiple of 8 and at most 256; 64 and 128 are the fast path, any other value
-// runs a zero-padded instantiation (one log line on first use).
+// head_dim must be a multiple of 8 and at most 256; on sm_90 64, 80, 96, 112 and 128 are the fast
+// path, any other value runs a zero-padded instantiation (72 -> 80; one log line on first use).
 //
 // Determinism: forward, dk and dv are bitwise reproducible. dq is summed over key blocks into an
 // f32 accumulator; by default with f32 atomics in arrival order (repeated runs can differ by one
@@ -28,10 +28,13 @@ enum class AttnDType { BF16, F16 };
 
 // Which kernels run. Auto: choose_flash_kernel (heuristics.cpp) from the parameters and the device.
 // The explicit values exist for tests and A/B runs; each throws where it cannot run the shape.
-//   Hopper:  the sm_90a kernels (TMA-fed wgmma forward, wgmma backward); padded head dim 64 or 128.
+//   Hopper:  the sm_90a kernels (TMA-fed wgmma forward, wgmma backward) at head dim 64, 128 or, for
+//            head dims in (64, 128), the narrow widths 80/96/112 (head dim rounded up to 16; GEMMs
+//            that stop there instead of at 128).
+//   HopperPadded: the same kernels at 64 or 128 only (no narrow width; the A/B reference).
 //   MmaSync: the mma.sync kernels (cp.async, FA2 layout) built at head dim 256, which run any
 //            head dim zero-padded to 256 (the path of head dims above 128 today).
-enum class FlashKernel { Auto, Hopper, MmaSync };
+enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 
 struct FlashAttentionParams {
   const void* q;                // [total_q, Hq, D] contiguous

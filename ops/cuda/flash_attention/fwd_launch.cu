@@ -1,6 +1,6 @@
 // Entry point of the flash attention forward: validates the parameters once, picks the kernel
-// (heuristics.h: the TMA-fed Hopper kernel for head dims up to 128 on sm_90, the mma.sync kernel
-// at head dim 256 otherwise) and launches it on the caller's stream.
+// (heuristics.h: the TMA-fed Hopper kernel for head dims up to 128 on sm_90, at 64, a narrow width
+// 80/96/112 or 128; the mma.sync kernel at head dim 256 otherwise) and launches it on the caller's stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +8,7 @@
 #include "cuda/flash_attention/heuristics.h"
 #include "cuda/flash_attention/static_switch.h"
 #include "cuda/flash_attention/traits.h"
+#include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda {
 
@@ -22,9 +23,15 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
       return;
     }
     fa::head_dim_switch(choice.kernel_head_dim, [&](auto d) {
-      fa::bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
-        fa::launch_fwd_tma<T, decltype(d)::value, decltype(prefix)::value>(p, stream);
-      });
+      constexpr int kD = decltype(d)::value;
+      if constexpr (fa::kernel_has_variants(kD)) {
+        fa::bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
+          fa::launch_fwd_tma<T, kD, decltype(prefix)::value>(p, stream);
+        });
+      } else {  // narrow head dims are built without the prefix-LM variant (choose_kernel pads those)
+        KESTREL_CHECK(!p.prefix_len, "flash_attention", "no prefix-LM forward at kernel head dim ", kD);
+        fa::launch_fwd_tma<T, kD, false>(p, stream);
+      }
     });
   });
 }

@@ -13,8 +13,9 @@
 
 namespace kestrel::cuda::fa {
 
-// S[64, kBc] = Q K^T for warpgroup wg's 64 rows of the [kD/64][kBr][64] Q tile at sQ against the
-// [kD/64][kBc][64] K tile at sK; committed as one wgmma group.
+// S[64, kBc] = Q K^T for warpgroup wg's 64 rows of the [kDs/64][kBr][64] Q tile at sQ against the
+// [kDs/64][kBc][64] K tile at sK (kDs = kernel_smem_dim(kD)), over their first kD columns (kD/16
+// k-steps; the columns past the head dim are zero); committed as one wgmma group.
 template <typename T, int kD, int kBr, int kBc>
 __device__ __forceinline__ void wgmma_issue_qk(float (&s)[kBc / 2], uint32_t sQ, uint32_t sK, int wg) {
 #pragma unroll
@@ -26,8 +27,9 @@ __device__ __forceinline__ void wgmma_issue_qk(float (&s)[kBc / 2], uint32_t sQ,
   wgmma_commit();
 }
 
-// O[64, kD] += P V with P in register-A fragments and the [kD/64][kBc][64] V tile at sV read
-// MN-major; committed as one wgmma group.
+// O[64, kD] += P V with P in register-A fragments and the first kD columns of the [kDs/64][kBc][64]
+// V tile at sV read MN-major (N = kD spans the 64-column slabs through the leading byte offset);
+// committed as one wgmma group.
 template <typename T, int kD, int kBc>
 __device__ __forceinline__ void wgmma_issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kBc / 16][4], uint32_t sV) {
 #pragma unroll

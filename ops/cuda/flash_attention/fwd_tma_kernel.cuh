@@ -32,17 +32,18 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
                          const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
   constexpr int kBr = kWG * 64;
+  constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128, zero past the head dim)
   constexpr int kNs = kBc / 2;   // S accumulator floats per thread
   constexpr int kNo = kD / 2;    // O accumulator floats per thread
   constexpr int kKs = kBc / 16;  // k-steps of P V (A fragments of P)
   constexpr int kWarps = kWG * 4;
-  constexpr uint32_t kQBytes = kBr * kD * 2, kKVBytes = kBc * kD * 2;
-  static_assert(kD % 64 == 0 && kBc % 64 == 0, "64-column swizzle slabs");
+  constexpr uint32_t kQBytes = kBr * kDs * 2, kKVBytes = kBc * kDs * 2;
+  static_assert(kDs % 64 == 0 && kBc % 64 == 0 && kD % 16 == 0 && kD <= kDs, "64-column swizzle slabs");
   static_assert(kStages >= 2 && kStages <= 3, "K/V ring depth");
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [kD/64][kBr][64]
-  const uint32_t sK = sQ + kQBytes;                            // kStages x [kD/64][kBc][64]
-  const uint32_t sV = sK + kStages * kKVBytes;                 // kStages x [kD/64][kBc][64]
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [kDs/64][kBr][64]
+  const uint32_t sK = sQ + kQBytes;                            // kStages x [kDs/64][kBc][64]
+  const uint32_t sV = sK + kStages * kKVBytes;                 // kStages x [kDs/64][kBc][64]
   const uint32_t bars = sV + kStages * kKVBytes;               // 8-byte mbarriers:
   const uint32_t barQ = bars;                                  //   Q landed
   auto full_k = [&](int s) { return bars + 8 * (1 + s); };
@@ -64,12 +65,12 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   // Tile j (processing order) is key block n_blocks - 1 - j; it sits in slot j % kStages.
   auto load_k = [&](int j) {
     mbar_arrive_expect_tx(full_k(j % kStages), kKVBytes);
-    tma_load_tile<kBc, kD>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
+    tma_load_tile<kBc, kDs>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
                            k_start + (n_blocks - 1 - j) * kBc);
   };
   auto load_v = [&](int j) {
     mbar_arrive_expect_tx(full_v(j % kStages), kKVBytes);
-    tma_load_tile<kBc, kD>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
+    tma_load_tile<kBc, kDs>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
                            k_start + (n_blocks - 1 - j) * kBc);
   };
   if (producer) {
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   __syncthreads();
   if (producer && n_tiles > 0) {
     mbar_arrive_expect_tx(barQ, kQBytes);
-    tma_load_tile<kBr, kD>(sQ, &tq, barQ, h, q_start + m0);
+    tma_load_tile<kBr, kDs>(sQ, &tq, barQ, h, q_start + m0);
     for (int j = 0; j < kStages && j < n_tiles; ++j) {
       load_k(j);
       load_v(j);
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto clear_v_tail = [&] {
     const int valid = len_k - (n_blocks - 1) * kBc;
     if (valid >= kBc) return;
-    constexpr int kChunks = kBc * (kD / 8);  // 16-byte chunks of the tile
+    constexpr int kChunks = kBc * (kDs / 8);  // 16-byte chunks of the tile
     for (int i = tid; i < kChunks; i += kWG * 128) {
       const int slab = i / (kBc * 8), row = (i / 8) % kBc, ch = i % 8;
       if (row >= valid) {
@@ -206,7 +207,8 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
   const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
-  constexpr size_t smem = static_cast<size_t>(kBr + 2 * kStages * kBc) * kD * 2 + 1024 + 8 * (1 + 4 * kStages);
+  constexpr size_t smem =
+      static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);
   auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv);

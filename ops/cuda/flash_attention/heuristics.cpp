@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/flash_attention/traits.h"
 #include "kestrel/cuda/check.h"
 #include "kestrel/cuda/context.h"
 #include "kestrel/runtime/error.h"
@@ -63,22 +64,33 @@ void announce_padding(int head_dim, int padded) {
   static std::atomic<bool> announced{false};
   if (!announced.exchange(true))
     log_to(LogLevel::Info, "flash_attention", "head_dim ", head_dim, " runs the zero-padded head_dim-", padded,
-           " kernels (slower path; 64 and 128 are the fast path)");
+           " kernels (64, 80, 96, 112 and 128 are built on sm_90, 256 elsewhere)");
 }
 
 }  // namespace
+
+int hopper_head_dim(const FlashAttentionParams& p, bool backward, bool narrow) {
+  if (p.head_dim <= 64) return 64;  // 8..56: padded to 64 (one k-step of 16 is the floor below 64 too)
+  const int rounded = (p.head_dim + 15) / 16 * 16;
+  // The narrow widths are built without the prefix-LM and deterministic variants (traits.h).
+  const bool variant = p.prefix_len != nullptr || (backward && p.deterministic);
+  if (!narrow || variant || !is_narrow_head_dim(rounded)) return 128;
+  return rounded;
+}
 
 KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev, bool backward) {
   const bool hopper = dev.cc_major == 9;  // the wgmma/TMA kernels are built for sm_90a
   FlashKernel k = p.kernel;
   if (k == FlashKernel::Auto) k = hopper && p.head_dim <= 128 ? FlashKernel::Hopper : FlashKernel::MmaSync;
+  const bool narrow = k != FlashKernel::HopperPadded;
+  if (k == FlashKernel::HopperPadded) k = FlashKernel::Hopper;
   KernelChoice c{k, 256};
   if (k == FlashKernel::Hopper) {
     KESTREL_CHECK(hopper, "flash_attention", "the Hopper kernels need an sm_90 device, this one is sm_", dev.cc_major,
                   dev.cc_minor);
     KESTREL_CHECK(p.head_dim <= 128, "flash_attention", "the Hopper kernels run head dims up to 128, got ",
                   p.head_dim);
-    c.kernel_head_dim = p.head_dim <= 64 ? 64 : 128;
+    c.kernel_head_dim = hopper_head_dim(p, backward, narrow);
   }
   KESTREL_CHECK(!(backward && p.deterministic && k == FlashKernel::MmaSync), "flash_attention",
                 "deterministic backward is implemented by the Hopper kernel (sm_90, head_dim <= 128); head_dim ",

@@ -14,13 +14,19 @@ struct DeviceProps {
 // The current device's properties, read once per device (cudaDeviceGetAttribute) and cached.
 DeviceProps current_device_props();
 
-// What runs: the kernel family and the head dim it is instantiated at (64/128 Hopper, 256 MmaSync;
-// the real head_dim is zero-padded up to it).
+// What runs: the kernel family (Hopper or MmaSync; HopperPadded resolves to Hopper) and the head
+// dim it is instantiated at (Hopper 64, 80, 96, 112 or 128, MmaSync 256; the real head_dim is
+// zero-padded up to it).
 struct KernelChoice {
   FlashKernel kernel;
   int kernel_head_dim;
 };
-// Auto: Hopper (sm_90) and head_dim <= 128 -> the Hopper kernels at 64 or 128; otherwise the
+// The Hopper kernels' head dim for p: 64 for head_dim <= 64 (padded); in (64, 128) head_dim rounded
+// up to 16 (the narrow kernels 80/96/112, traits.h), except 128 for 120, for the prefix-LM mask and
+// for a deterministic backward (not built narrow), and when `narrow` is false (FlashKernel::HopperPadded);
+// 128 for 128.
+int hopper_head_dim(const FlashAttentionParams& p, bool backward, bool narrow);
+// Auto: Hopper (sm_90) and head_dim <= 128 -> the Hopper kernels at hopper_head_dim; otherwise the
 // mma.sync kernels at 256. Explicit choices are checked against what they can run; throws
 // kestrel::Error "[flash_attention] ..." when they cannot (or when `deterministic` asks for it on
 // the mma.sync backward). Announces a padded head dim once (log line).

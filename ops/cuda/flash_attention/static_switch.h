@@ -1,6 +1,6 @@
 // Runtime values -> template arguments, in one place (FlashAttention's static_switch.h, as lambdas):
 //   dtype_switch(p.dtype, [&](auto tag) { using T = typename decltype(tag)::type; ... });
-//   head_dim_switch(64 or 128, [&](auto d) { constexpr int kD = decltype(d)::value; ... });
+//   head_dim_switch(64, 80, 96, 112 or 128, [&](auto d) { constexpr int kD = decltype(d)::value; ... });
 //   bool_switch(flag, [&](auto b) { constexpr bool kFlag = decltype(b)::value; ... });
 #pragma once
 
@@ -22,10 +22,14 @@ decltype(auto) dtype_switch(AttnDType dtype, F&& f) {
   return f(TypeTag<__half>{});
 }
 
-// The Hopper kernels' head dims (64, 128); the caller has chosen one of them (heuristics.h).
+// The Hopper kernels' head dims (64, 80, 96, 112, 128; traits.h); the caller has chosen one of them
+// (heuristics.h).
 template <typename F>
 decltype(auto) head_dim_switch(int kernel_head_dim, F&& f) {
   if (kernel_head_dim == 64) return f(std::integral_constant<int, 64>{});
+  if (kernel_head_dim == 80) return f(std::integral_constant<int, 80>{});
+  if (kernel_head_dim == 96) return f(std::integral_constant<int, 96>{});
+  if (kernel_head_dim == 112) return f(std::integral_constant<int, 112>{});
   return f(std::integral_constant<int, 128>{});
 }
 

@@ -9,23 +9,33 @@
 
 namespace kestrel::cuda::fa {
 
+// Head dims of the Hopper kernels (kD below): 64 and 128, and the narrow widths 80, 96 and 112 for
+// head dims in (64, 128) that are not 128 (heuristics.cpp: D rounded up to 16). A narrow kernel keeps
+// the shared tiles of the 128 kernel (kernel_smem_dim: two 64-column swizzled slabs, zero past D)
+// but issues only kD/16 k-steps of S = Q K^T (dP = dO V^T) and GEMMs of width N = kD for O = P V
+// (dV, dK): 80/128 of the FLOPs and accumulator registers at head dim 72. Built without the
+// deterministic and prefix-LM variants (kernel_has_variants; those run padded to 128).
+constexpr bool is_narrow_head_dim(int kD) { return kD == 80 || kD == 96 || kD == 112; }
+constexpr int kernel_smem_dim(int kD) { return kD <= 64 ? 64 : 128; }
+constexpr bool kernel_has_variants(int kD) { return kD == 64 || kD == 128; }
+
 // Hopper forward (fwd_tma_kernel.cuh): kWG consumer warpgroups x 64 query rows per block, kBc-key
 // tiles, K/V rings of kStages slots; kPingPong: the two warpgroups take turns issuing their GEMMs
-// (needs kWG == 2). Measured choices in bench/notes/flash_attention.md ("Removed variants").
+// (needs kWG == 2). Measured choices in bench/notes/flash_attention.md ("Removed variants"). The
+// narrow head dims take the 128 kernel's tiles (same shared layout).
 template <int kD>
-struct TmaFwdTraits;
+struct TmaFwdTraits { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
 template <>
 struct TmaFwdTraits<64> { static constexpr int kWG = 3, kBc = 128, kStages = 2; static constexpr bool kPingPong = false; };
-template <>
-struct TmaFwdTraits<128> { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
 
 // mma.sync forward (fwd_mma_kernel.cuh), built at head dim 256 only: one block of kBr query rows
 // (16*kMT per warp) walks kBc-wide key tiles.
 struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1; };
 
-// Hopper backward (bwd_wgmma_kernel.cuh): 2 warpgroups x 64 keys (kBc 128) per block, kBr-query tiles.
+// Hopper backward (bwd_wgmma_kernel.cuh): 2 warpgroups x 64 keys (kBc 128) per block, kBr-query tiles
+// (64 with 128-column shared tiles, narrow head dims included).
 template <int kD>
-struct WgmmaBwdTraits { static constexpr int kBc = 128, kBr = kD == 128 ? 64 : 128; };
+struct WgmmaBwdTraits { static constexpr int kBc = 128, kBr = kernel_smem_dim(kD) == 128 ? 64 : 128; };
 
 // mma.sync backward (bwd_mma_kernel.cuh), head dim 256: one block owns kBc keys (16 per warp) of one
 // KV head and kDC of its output columns, and walks kBr-row query tiles of every query head of its group.
@@ -47,11 +57,11 @@ struct BwdArgs {
 
 // kPrefix: p.prefix_len is set (prefix-LM mask); a template flag so that the kernels without it keep
 // the plain causal code and registers.
-template <typename T, int kD, bool kPrefix>  // kD 64 and 128; needs p.total_q / p.total_k
+template <typename T, int kD, bool kPrefix>  // kD 64, 80, 96, 112, 128 (kPrefix: 64, 128); needs p.total_q / p.total_k
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream);
-template <typename T, int kD, bool kDeterministic, bool kPrefix>  // kD 64 and 128
+template <typename T, int kD, bool kDeterministic, bool kPrefix>  // kD as launch_fwd_tma (flags: 64, 128)
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream);

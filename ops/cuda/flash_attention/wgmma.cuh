@@ -1,6 +1,7 @@
 // Hopper warpgroup MMA (wgmma) primitives for the flash attention kernels: shared-memory matrix
 // descriptors for the 128-byte swizzled layout, the async fences/commit/wait, and the
-// m64n{64,128}k16 f32-accumulating instructions with A from shared memory (S = Q K^T) or from
+// m64n{64,128}k16 f32-accumulating instructions (and m64n{80,96,112}k16 with A from registers, the
+// narrow head dims' O += P V / dV / dK GEMMs, generated into wgmma_narrow.inc) with A from shared memory (S = Q K^T) or from
 // registers (O += P V, V read MN-major through the transpose bit), and with both operands
 // MN-major from shared memory (the backward's dQ = dS K from a dS^T tile). sm_90a only.
 //
@@ -224,5 +225,7 @@ __device__ __forceinline__ void WgmmaSST<__half, 64>::run(float (&d)[32], uint64
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(scale_d));
 }
+
+#include "cuda/flash_attention/wgmma_narrow.inc"
 
 }  // namespace kestrel::cuda::fa

@@ -4,7 +4,8 @@
 // random bf16/f16 values; every output is NaN-poisoned before the kernel runs, so an unwritten
 // element or a NaN fails isfinite. Covers packed documents (length 1 included), len_q != len_k
 // with rows that see no key (out 0, lse -inf), GQA 1/4/8, causal and bidirectional, head dims
-// 64/128 (fast) and 32/72/256 (padded), and run-to-run reproducibility. Forward and backward run
+// 64/128 (fast), 72-120 (the narrow Hopper kernels at 80/96/112, NarrowHeadDim*) and 32/256
+// (padded), and run-to-run reproducibility. Forward and backward run
 // the Hopper kernels by default (head dims 64/128 and those padded to them);
 // ForwardKernelVariantsMatch / BackwardKernelVariantsMatch also run the mma.sync kernels there
 // (FlashAttentionParams::kernel), and DeterministicBackward* the fixed-order dq sum.
@@ -20,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda/flash_attention/flash_attention.h"
+#include "cuda/flash_attention/heuristics.h"
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 #include "kestrel/runtime/dtype.h"
@@ -497,7 +499,10 @@ TEST(FlashAttentionCuda, LargeShapesMatchNaiveGpu) {
 }
 
 const char* kernel_name(FlashKernel k) {
-  return k == FlashKernel::Hopper ? "hopper" : k == FlashKernel::MmaSync ? "mma_sync" : "auto";
+  return k == FlashKernel::Hopper         ? "hopper"
+         : k == FlashKernel::HopperPadded ? "hopper_padded"
+         : k == FlashKernel::MmaSync      ? "mma_sync"
+                                          : "auto";
 }
 
 // Both kernel families (FlashAttentionParams::kernel: the Hopper kernels, the mma.sync kernels
@@ -607,7 +612,7 @@ TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
   uint32_t seed = 900;
   for (FlashKernel kind : {FlashKernel::MmaSync, FlashKernel::Hopper}) {
     RunOptionsScope scope({kind});
-    for (int d : {64, 128}) {
+    for (int d : {64, 72, 128}) {  // 72: the narrow Hopper forward (kernel head dim 80)
       for (bool causal : {true, false}) {
         const Case cs{{100, 77}, {100, 200}, 4, 2, d, causal, BF};
         Problem pr = make_problem(cs, seed++);
@@ -883,6 +888,118 @@ TEST(FlashAttentionCuda, InvalidParamsThrow) {
   EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // total_k < max_seqlen_k
   p.total_k = 4, p.causal = false, p.window = 2;
   EXPECT_THROW(kestrel::cuda::flash_attention_forward(p, nullptr), kestrel::Error);  // window needs causal
+}
+
+// ---- narrow head dims (traits.h: kernel head dims 80, 96, 112 for head dims in (64, 128)) ----
+
+// The kernel choice, without a device (DeviceProps of an H100/H200): the narrow widths for head dims
+// in (64, 128) except 120, the padded 128 kernel for the variants not built narrow and for
+// FlashKernel::HopperPadded, 64 below. A choice that silently went back to 128 fails here.
+TEST(FlashAttentionCuda, NarrowHeadDimChoice) {
+  using kestrel::cuda::fa::choose_kernel;
+  using kestrel::cuda::fa::DeviceProps;
+  const DeviceProps h100{9, 0, 132}, a100{8, 0, 108};
+  FlashAttentionParams p{};
+  auto dim = [&](int d, bool backward) {
+    p.head_dim = d;
+    return choose_kernel(p, h100, backward).kernel_head_dim;
+  };
+  for (bool bwd : {false, true}) {
+    EXPECT_EQ(dim(72, bwd), 80);
+    EXPECT_EQ(dim(80, bwd), 80);
+    EXPECT_EQ(dim(88, bwd), 96);
+    EXPECT_EQ(dim(96, bwd), 96);
+    EXPECT_EQ(dim(104, bwd), 112);
+    EXPECT_EQ(dim(112, bwd), 112);
+    EXPECT_EQ(dim(120, bwd), 128);
+    EXPECT_EQ(dim(128, bwd), 128);
+    EXPECT_EQ(dim(64, bwd), 64);
+    EXPECT_EQ(dim(40, bwd), 64);
+  }
+  p.head_dim = 72;
+  EXPECT_EQ(choose_kernel(p, h100, false).kernel, FlashKernel::Hopper);
+  p.kernel = FlashKernel::HopperPadded;
+  EXPECT_EQ(choose_kernel(p, h100, false).kernel, FlashKernel::Hopper);
+  EXPECT_EQ(choose_kernel(p, h100, false).kernel_head_dim, 128);
+  EXPECT_THROW(choose_kernel(p, a100, false), kestrel::Error);
+  p.kernel = FlashKernel::Auto;
+  p.deterministic = true;  // no deterministic narrow backward: padded; the forward stays narrow
+  EXPECT_EQ(choose_kernel(p, h100, true).kernel_head_dim, 128);
+  EXPECT_EQ(choose_kernel(p, h100, false).kernel_head_dim, 80);
+  p.deterministic = false;
+  const int32_t* fake_prefix = reinterpret_cast<const int32_t*>(&p);  // only compared with nullptr
+  p.prefix_len = fake_prefix;  // no prefix-LM narrow kernels: padded both ways
+  EXPECT_EQ(choose_kernel(p, h100, false).kernel_head_dim, 128);
+  EXPECT_EQ(choose_kernel(p, h100, true).kernel_head_dim, 128);
+  p.prefix_len = nullptr;
+  EXPECT_EQ(choose_kernel(p, a100, false).kernel, FlashKernel::MmaSync);
+  EXPECT_EQ(choose_kernel(p, a100, false).kernel_head_dim, 256);
+}
+
+// Forward and backward of the narrow kernels against the float64 reference (small shapes) and the
+// naive GPU reference (large): every head dim they serve (72..112, 120 on the padded 128), packs with
+// length-1 documents and len_q != len_k (rows without keys), GQA 1/2/4/8, causal and bidirectional,
+// bf16 and f16, spread scores (O rescaled across key tiles), and the so400m shape (16 heads of 72,
+// 729-token images, bidirectional).
+TEST(FlashAttentionCuda, NarrowHeadDimsMatchReferences) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 1300;
+  for (bool causal : {true, false}) {
+    for (int d : {72, 80, 88, 96, 104, 112, 120}) {
+      const AttnDType t = (d / 8) % 2 ? BF : F16;
+      run_case(Case{{1, 17, 5, 64, 1, 33, 1}, {1, 17, 5, 64, 1, 33, 1}, 4, 2, d, causal, t}, true, seed++);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 2, 1, d, causal, t == BF ? F16 : BF}, true, seed++);
+      run_case(Case{{5, 130, 191, 193, 64, 1, 257}, {5, 130, 191, 193, 64, 1, 257}, 8, 1, d, causal, t}, true,
+               seed++, 3.f);
+    }
+    for (int d : {72, 96, 112}) {
+      run_case(Case{{1500, 63, 700}, {1500, 63, 700}, 8, 2, d, causal, BF}, false, seed++, 3.f);
+      run_case(Case{{1000, 1, 4097, 17, 1}, {1000, 1, 4097, 17, 1}, 4, 4, d, causal, F16}, false, seed++);
+    }
+  }
+  run_case(Case{{729, 729, 729}, {729, 729, 729}, 16, 16, 72, false, BF}, false, seed++);  // so400m
+  run_case(Case{{729, 729, 729}, {729, 729, 729}, 16, 16, 72, false, F16}, false, seed++);
+}
+
+// The narrow kernels compute the padded kernels' sums without the zero columns: S's extra k-steps
+// add exact zeros and O / dK / dV columns are independent of the GEMM width, so out, lse, dk and dv
+// must be bitwise those of FlashKernel::HopperPadded on the same inputs (dq: f32 atomics in
+// arrival order, compared within rounding).
+TEST(FlashAttentionCuda, NarrowHeadDimsMatchPaddedKernels) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 1400;
+  for (int d : {72, 88, 112}) {
+    for (AttnDType t : {BF, F16}) {
+      for (bool causal : {true, false}) {
+        const Problem pr = make_problem(Case{{900, 1, 333}, {900, 1, 333}, 4, 2, d, causal, t}, seed++, 2.f);
+        Result padded, narrow;
+        {
+          RunOptionsScope scope({FlashKernel::HopperPadded});
+          padded = run_flash(pr);
+        }
+        {
+          RunOptionsScope scope({FlashKernel::Hopper});
+          narrow = run_flash(pr);
+        }
+        auto differ = [](const auto& a, const auto& b) {
+          size_t n = 0;
+          for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0;
+          return n;
+        };
+        const size_t d_out = differ(narrow.out, padded.out), d_lse = differ(narrow.lse, padded.lse),
+                     d_dk = differ(narrow.dk, padded.dk), d_dv = differ(narrow.dv, padded.dv);
+        const double e_dq = rel_l2(to_float(narrow.dq, t), to_float(padded.dq, t));
+        std::printf("[flash] narrow vs padded D=%d %s %s: differing out %zu lse %zu dk %zu dv %zu, dq rel %.2e\n", d,
+                    t == BF ? "bf16" : "f16", causal ? "causal" : "bidir", d_out, d_lse, d_dk, d_dv, e_dq);
+        EXPECT_EQ(d_out, 0u);
+        EXPECT_EQ(d_lse, 0u);
+        EXPECT_EQ(d_dk, 0u);
+        EXPECT_EQ(d_dv, 0u);
+        EXPECT_LE(e_dq, t == BF ? 4e-3 : 5e-4);
+        EXPECT_EQ(count_nonfinite(to_float(narrow.dq, t)), 0u);
+      }
+    }
+  }
 }
 
 }  // namespace
