@@ -10,6 +10,7 @@
 // them in a fixed order (deterministic); the slot returns a host double, so that read is the one
 // synchronisation point. clip_by_global_norm keeps the norm and the clip factor on the device (the
 // scale kernel reads the factor), so clip_grad_norm_device never synchronises.
+#include <cstdint>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -39,6 +40,17 @@ struct AdamWList {
 };
 
 
+// One element of AdamW, operation by operation as cpu/optim.cpp computes it (explicitly rounded f32
+// intrinsics: no FMA contraction), on the f32 value of the parameter.
+__device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float g, const AdamWConst& c) {
+  p = __fmul_rn(p, c.decay);
+  m = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, g));
+  v = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+}
+
+// Any dtypes: one element per thread and iteration.
 __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   int t = find_tensor(L.block_start, L.count);
   int64_t n = L.n[t], base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
@@ -46,12 +58,8 @@ __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   void* p = L.p[t];
   const DType pt = L.pt[t];
   for (int64_t i = base + threadIdx.x; i < n && i < base + kChunk; i += blockDim.x) {
-    float gi = load_as_f32(L.g[t], i, L.gt[t]);
-    float pi = __fmul_rn(load_as_f32(p, i, pt), c.decay);
-    float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
-    float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
-    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-    pi = __fsub_rn(pi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+    float pi = load_as_f32(p, i, pt), mi = m[i], vi = v[i];
+    adamw_update(pi, mi, vi, load_as_f32(L.g[t], i, L.gt[t]), c);
     m[i] = mi;
     v[i] = vi;
     // Without a master the 16-bit parameter itself is the rounded copy.
@@ -64,21 +72,108 @@ __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   }
 }
 
+// The training case: an f32 master, a bf16 (kGradBf16) or f32 gradient, and a bf16 copy rounded to
+// nearest (kCopy) or none. Four elements per thread and iteration through 16-byte loads and stores of
+// the master and moments (the op profile had the one-element kernel at ~55% of the H200's bandwidth);
+// the arithmetic is adamw_update's, so the results are the same bits. Pointers are 16-byte aligned
+// (checked at launch); a chunk's last partial vector goes element by element.
+template <bool kGradBf16, bool kCopy>
+__global__ void adamw_f32_vec4_kernel(AdamWList L, AdamWConst c) {
+  const int t = find_tensor(L.block_start, L.count);
+  const int64_t base = static_cast<int64_t>(blockIdx.x - L.block_start[t]) * kChunk;
+  const int64_t end = L.n[t] < base + kChunk ? L.n[t] : base + kChunk;
+  float* p = static_cast<float*>(L.p[t]);
+  float *m = L.m[t], *v = L.v[t];
+  const uint16_t* g16 = static_cast<const uint16_t*>(L.g[t]);
+  const float* g32 = static_cast<const float*>(L.g[t]);
+  uint16_t* copy = static_cast<uint16_t*>(L.copy[t]);
+  auto grad = [&](int64_t i) { return kGradBf16 ? __bfloat162float(__ushort_as_bfloat16(g16[i])) : g32[i]; };
+  auto bf16_bits = [](float x) { return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x))); };
+  for (int64_t i = base + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * static_cast<int64_t>(blockDim.x)) {
+    if (i + 4 > end) {
+      for (int64_t j = i; j < end; ++j) {
+        float pj = p[j], mj = m[j], vj = v[j];
+        adamw_update(pj, mj, vj, grad(j), c);
+        p[j] = pj;
+        m[j] = mj;
+        v[j] = vj;
+        if constexpr (kCopy) copy[j] = static_cast<uint16_t>(bf16_bits(pj));
+      }
+      break;
+    }
+    float4 p4 = *reinterpret_cast<const float4*>(p + i), m4 = *reinterpret_cast<const float4*>(m + i),
+           v4 = *reinterpret_cast<const float4*>(v + i);
+    float g[4];
+    if constexpr (kGradBf16) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(g16 + i);
+      g[0] = __uint_as_float(raw.x << 16);
+      g[1] = __uint_as_float(raw.x & 0xffff0000u);
+      g[2] = __uint_as_float(raw.y << 16);
+      g[3] = __uint_as_float(raw.y & 0xffff0000u);
+    } else {
+      const float4 g4 = *reinterpret_cast<const float4*>(g32 + i);
+      g[0] = g4.x;
+      g[1] = g4.y;
+      g[2] = g4.z;
+      g[3] = g4.w;
+    }
+    adamw_update(p4.x, m4.x, v4.x, g[0], c);
+    adamw_update(p4.y, m4.y, v4.y, g[1], c);
+    adamw_update(p4.z, m4.z, v4.z, g[2], c);
+    adamw_update(p4.w, m4.w, v4.w, g[3], c);
+    *reinterpret_cast<float4*>(p + i) = p4;
+    *reinterpret_cast<float4*>(m + i) = m4;
+    *reinterpret_cast<float4*>(v + i) = v4;
+    if constexpr (kCopy)
+      *reinterpret_cast<uint2*>(copy + i) =
+          make_uint2(bf16_bits(p4.x) | bf16_bits(p4.y) << 16, bf16_bits(p4.z) | bf16_bits(p4.w) << 16);
+  }
+}
+
+// Which kernel a tensor takes: 0 the generic one, else 1 + (bf16 gradient) + 2 * (bf16 copy).
+int adamw_kernel_class(const kernels::AdamWTensors& t) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const DType gt = t.grad.dtype();
+  const bool copy = t.param_copy.defined();
+  if (t.param.dtype() != DType::F32 || (gt != DType::BF16 && gt != DType::F32)) return 0;
+  if (copy && (t.param_copy.dtype() != DType::BF16 || t.stochastic_rounding_seed != 0 || !aligned(t.param_copy.data_ptr())))
+    return 0;
+  if (!aligned(t.param.data_ptr()) || !aligned(t.m.data_ptr()) || !aligned(t.v.data_ptr()) || !aligned(t.grad.data_ptr()))
+    return 0;
+  return 1 + (gt == DType::BF16 ? 1 : 0) + (copy ? 2 : 0);
+}
+
+void launch_adamw(int cls, int blocks, const AdamWList& L, const AdamWConst& c, cudaStream_t s) {
+  switch (cls) {
+    case 1: adamw_f32_vec4_kernel<false, false><<<blocks, kBlock, 0, s>>>(L, c); break;
+    case 2: adamw_f32_vec4_kernel<true, false><<<blocks, kBlock, 0, s>>>(L, c); break;
+    case 3: adamw_f32_vec4_kernel<false, true><<<blocks, kBlock, 0, s>>>(L, c); break;
+    case 4: adamw_f32_vec4_kernel<true, true><<<blocks, kBlock, 0, s>>>(L, c); break;
+    default: adamw_kernel<<<blocks, kBlock, 0, s>>>(L, c); break;
+  }
+  KESTREL_CUDA_CHECK_LAUNCH();
+}
+
 void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels::AdamWHyper& h) {
   const AdamWConst c = adamw_constants(h);
   cudaStream_t s = cuda::current_stream();
   size_t i = 0;
   while (i < tensors.size()) {
+    // One launch per run of consecutive tensors of the same kernel class, at most kMaxTensors.
     AdamWList L{};
-    int blocks = 0;
+    int blocks = 0, cls = -1;
     for (; i < tensors.size() && L.count < kMaxTensors; ++i) {
       const auto& t = tensors[i];
       KESTREL_CHECK(t.m.dtype() == DType::F32 && t.v.dtype() == DType::F32, "adamw_step",
                     "CUDA AdamW needs f32 moments, got ", t.m.str());
       check_cuda_dtype(t.param.dtype(), "adamw_step");
       check_cuda_dtype(t.grad.dtype(), "adamw_step");
+      if (t.param_copy.defined()) check_cuda_dtype(t.param_copy.dtype(), "adamw_step");
       int64_t n = t.param.numel();
       if (n == 0) continue;
+      const int tc = adamw_kernel_class(t);
+      if (cls >= 0 && tc != cls) break;
+      cls = tc;
       int k = L.count++;
       L.block_start[k] = blocks;
       blocks += static_cast<int>(ceil_div(n, kChunk));
@@ -91,13 +186,11 @@ void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels
       L.n[k] = n;
       L.copy[k] = t.param_copy.defined() ? t.param_copy.data_ptr() : nullptr;
       L.ct[k] = t.param_copy.defined() ? t.param_copy.dtype() : DType::F32;
-      if (t.param_copy.defined()) check_cuda_dtype(t.param_copy.dtype(), "adamw_step");
       L.seed[k] = t.stochastic_rounding_seed;
     }
     if (L.count == 0) continue;
     L.block_start[L.count] = blocks;
-    adamw_kernel<<<blocks, kBlock, 0, s>>>(L, c);
-    KESTREL_CUDA_CHECK_LAUNCH();
+    launch_adamw(cls, blocks, L, c, s);
   }
 }
 

@@ -132,26 +132,32 @@ TEST(CudaParity, MatmulF32IsExactUnlessTf32) {
 TEST(CudaParity, AdamWMatchesCpuBitForBit) {
   KESTREL_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
+  // Sizes: single element, partial vectors and chunks (the four-wide kernel's tail), several chunks of
+  // 8192; f32 gradients without a copy too (the four-wide kernel's other variants). With a seed the
+  // generic kernel runs.
   for (uint64_t seed : {uint64_t{0}, uint64_t{1234567}}) {
-    for (int64_t n : {1, 1001, 70001}) {
-      Tensor p = testing::randn({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
-      Tensor pc = p.clone(), mc = m.clone(), vc = v.clone(), pg = p.to(gpu), mg = m.to(gpu), vg = v.to(gpu);
-      Tensor copy_c = Tensor::empty({n}, DType::BF16), copy_g = Tensor::empty({n}, DType::BF16, gpu);
-      AdamWOptions o;
-      o.lr = 3e-3;
-      for (int64_t step = 1; step <= 3; ++step) {
-        Tensor g = testing::randn({n}).to(DType::BF16);
-        adamw_step(pc, g, mc, vc, step, o, copy_c, seed ? seed + step : 0);
-        adamw_step(pg, g.to(gpu), mg, vg, step, o, copy_g, seed ? seed + step : 0);
+    for (int64_t n : {1, 1001, 24579, 70001}) {
+      for (DType gd : {DType::BF16, DType::F32}) {
+        Tensor p = testing::randn({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+        Tensor pc = p.clone(), mc = m.clone(), vc = v.clone(), pg = p.to(gpu), mg = m.to(gpu), vg = v.to(gpu);
+        Tensor copy_c = Tensor::empty({n}, DType::BF16), copy_g = Tensor::empty({n}, DType::BF16, gpu);
+        AdamWOptions o;
+        o.lr = 3e-3;
+        for (int64_t step = 1; step <= 3; ++step) {
+          Tensor g = testing::randn({n}).to(gd);
+          const bool copy = gd == DType::BF16;
+          adamw_step(pc, g, mc, vc, step, o, copy ? copy_c : Tensor(), seed ? seed + step : 0);
+          adamw_step(pg, g.to(gpu), mg, vg, step, o, copy ? copy_g : Tensor(), seed ? seed + step : 0);
+        }
+        auto bits = [](const Tensor& t) {
+          Tensor h = t.to(Device::cpu());
+          return std::vector<uint8_t>(static_cast<uint8_t*>(h.data_ptr()), static_cast<uint8_t*>(h.data_ptr()) + h.nbytes());
+        };
+        EXPECT_EQ(bits(pg), bits(pc)) << "param n=" << n << " seed=" << seed;
+        EXPECT_EQ(bits(mg), bits(mc)) << "m n=" << n;
+        EXPECT_EQ(bits(vg), bits(vc)) << "v n=" << n;
+        if (gd == DType::BF16) EXPECT_EQ(bits(copy_g), bits(copy_c)) << "bf16 copy n=" << n << " seed=" << seed;
       }
-      auto bits = [](const Tensor& t) {
-        Tensor h = t.to(Device::cpu());
-        return std::vector<uint8_t>(static_cast<uint8_t*>(h.data_ptr()), static_cast<uint8_t*>(h.data_ptr()) + h.nbytes());
-      };
-      EXPECT_EQ(bits(pg), bits(pc)) << "param n=" << n << " seed=" << seed;
-      EXPECT_EQ(bits(mg), bits(mc)) << "m n=" << n;
-      EXPECT_EQ(bits(vg), bits(vc)) << "v n=" << n;
-      EXPECT_EQ(bits(copy_g), bits(copy_c)) << "bf16 copy n=" << n << " seed=" << seed;
     }
   }
   std::vector<Tensor> gc = {testing::randn({1001}), testing::randn({33, 7}).to(DType::BF16)};
