@@ -8,6 +8,7 @@
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
+#include "kestrel/ops/fp8.h"
 #include "kestrel/ops/matmul.h"
 #include "kestrel/ops/mlp.h"
 #include "kestrel/ops/norm.h"
@@ -72,6 +73,12 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
   if (lm_head_.defined()) params_.add(lm_head_.name(), &lm_head_);
 }
 
+void Decoder::enable_fp8(const Fp8Recipe& recipe) {
+  KESTREL_CHECK(mlp_tile_tokens_ == 0, "decoder", "fp8 with the tiled MLP (mlp_tile_tokens ", mlp_tile_tokens_,
+                ") is not supported: the tiled MLP's GEMMs are bf16 only; set mlp_tile_tokens to 0");
+  fp8_ = std::make_shared<Fp8State>(config_.num_hidden_layers * kFp8LinearsPerLayer, recipe, device_);
+}
+
 Tensor Decoder::embed(const Tensor& ids) const {
   MemoryLabelScope label("decoder.embed");
   if (fence_) fence_({&embed_tokens_});
@@ -82,13 +89,17 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   const DecoderLayer& L = layers_[index];
   const int64_t T = h.shape()[0];
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
+  // A projection: linear, or linear_fp8 with this layer's j-th delayed-scaling rows.
+  auto proj = [&](const Tensor& in, const Tensor& w, const Tensor& b, int64_t j) {
+    return fp8_ ? linear_fp8(in, w, b, *fp8_, index * kFp8LinearsPerLayer + j) : linear(in, w, b);
+  };
   Tensor attn_out;
   {
     MemoryLabelScope label("attn");  // allocation attribution for the memory profiler
     Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
-    Tensor q = reshape(linear(x, L.q_proj, L.q_bias), {T, Hq, D});
-    Tensor k = reshape(linear(x, L.k_proj, L.k_bias), {T, Hkv, D});
-    Tensor v = reshape(linear(x, L.v_proj, L.v_bias), {T, Hkv, D});
+    Tensor q = reshape(proj(x, L.q_proj, L.q_bias, 0), {T, Hq, D});
+    Tensor k = reshape(proj(x, L.k_proj, L.k_bias, 1), {T, Hkv, D});
+    Tensor v = reshape(proj(x, L.v_proj, L.v_bias, 2), {T, Hkv, D});
     if (config_.qk_norm()) {
       q = rms_norm(q, L.q_norm, config_.rms_norm_eps);
       k = rms_norm(k, L.k_norm, config_.rms_norm_eps);
@@ -125,12 +136,13 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
       Tensor cu_k_t = Tensor::from_vector(cu_k, {static_cast<int64_t>(cu_k.size())}, DType::I32, device_);
       a = attention(q, concat(ks, 0), concat(vs, 0), batch.cu_seqlens, cu_k_t, batch.max_seqlen, max_k, opts).out;
     }
-    attn_out = linear(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias);
+    attn_out = proj(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias, 3);
   }
   MemoryLabelScope label("mlp");
   auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
   Tensor m = mlp_tile_tokens_ > 0 ? swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_)
-                                  : linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
+                                  : proj(swiglu(proj(y, L.gate_proj, Tensor(), 4), proj(y, L.up_proj, Tensor(), 5)),
+                                         L.down_proj, Tensor(), 6);
   return add(h2, m);
 }
 
@@ -200,6 +212,8 @@ Tensor Decoder::logits(const Tensor& hidden) const { return linear(hidden, lm_he
 
 void Decoder::set_mlp_tile_tokens(int64_t tokens) {
   KESTREL_CHECK(tokens >= 0, "decoder", "mlp tile must be 0 (untiled) or a positive token count, got ", tokens);
+  KESTREL_CHECK(tokens == 0 || !fp8_, "decoder", "fp8 with the tiled MLP (mlp_tile_tokens ", tokens,
+                ") is not supported: the tiled MLP's GEMMs are bf16 only; set mlp_tile_tokens to 0");
   mlp_tile_tokens_ = tokens;
 }
 

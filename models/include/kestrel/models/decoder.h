@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "kestrel/models/packed_batch.h"
 #include "kestrel/models/parameters.h"
 #include "kestrel/ops/cross_entropy.h"
+#include "kestrel/ops/fp8.h"
 #include "kestrel/ops/rope.h"
 
 namespace kestrel::models {
@@ -96,6 +98,15 @@ class Decoder {
   void set_deterministic(bool on) { deterministic_ = on; }
   bool deterministic() const { return deterministic_; }
 
+  // FP8 training of the layers' linear projections (q/k/v/o, gate/up/down; kestrel/ops/fp8.h): each is
+  // linear_fp8 with its own delayed-scaling rows (index layer * 7 + {q, k, v, o, gate, up, down}).
+  // The embedding, norms, attention and the output head stay in the model's dtype. The tiled MLP is
+  // refused with FP8 (its GEMMs are bf16 only). The caller rolls the state once per optimizer step
+  // (fp8_state()->roll()). Off (null) by default.
+  void enable_fp8(const Fp8Recipe& recipe);
+  Fp8State* fp8_state() const { return fp8_.get(); }
+  static constexpr int64_t kFp8LinearsPerLayer = 7;
+
   // Called with each group of parameters just before the forward first reads them: the embedding
   // table in embed(), a layer's tensors before forward() runs the layer, the final norm and the
   // output head before the final norm (loss() and logits() read nothing else). The trainer's
@@ -118,6 +129,7 @@ class Decoder {
   int64_t mlp_tile_tokens_ = 0;
   LayerRecompute layer_recompute_ = LayerRecompute::Full;
   bool deterministic_ = false;
+  std::shared_ptr<Fp8State> fp8_;  // shared by copies of the decoder (one model, one state)
   ParameterFence fence_;
 };
 

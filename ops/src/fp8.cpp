@@ -1,0 +1,217 @@
+// FP8 ops (kestrel/ops/fp8.h): argument checks, the delayed-scaling state, and linear_fp8's forward
+// and backward GEMMs. The kernels are in cpu/fp8.cpp (exact emulation) and cuda/fp8*.cu.
+#include "kestrel/ops/fp8.h"
+
+#include "kernels/fp8.h"
+#include "kestrel/autograd/tape.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/shape.h"
+
+namespace kestrel {
+namespace ag = autograd;
+
+const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m2"; }
+
+Fp8Format parse_fp8_format(const std::string& text, const std::string& key) {
+  if (text == "e4m3") return Fp8Format::E4M3;
+  if (text == "e5m2") return Fp8Format::E5M2;
+  throw make_error("fp8", key, " must be \"e4m3\" or \"e5m2\", got '", text, "'");
+}
+
+double fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0 : 57344.0; }
+
+void Fp8Recipe::validate() const {
+  KESTREL_CHECK(amax_history >= 1 && amax_history <= 1024, "fp8", "amax_history must be in [1, 1024], got ",
+                amax_history);
+  KESTREL_CHECK(margin >= 0 && margin <= 32, "fp8", "margin must be in [0, 32], got ", margin);
+}
+
+namespace {
+
+void check_scalar(const Tensor& t, Device device, const char* what) {
+  KESTREL_CHECK(t.defined() && t.dtype() == DType::F32 && t.numel() == 1 && t.device() == device, "fp8", what,
+                " must be an f32 scalar on ", device.str(), ", got ", t.defined() ? t.str() : std::string("undefined"));
+}
+
+void check_fp8_operand(const Fp8Tensor& q, const char* what) {
+  KESTREL_CHECK(q.data.defined() && q.data.dtype() == DType::U8 && q.data.dim() == 2 && q.data.is_contiguous(), "fp8",
+                what, " must be contiguous u8 [rows, cols], got ",
+                q.data.defined() ? q.data.str() : std::string("undefined"));
+  KESTREL_CHECK(q.scales.defined() && q.scales.dtype() == DType::F32 && q.scales.numel() == 2 &&
+                    q.scales.is_contiguous() && q.scales.device() == q.data.device(),
+                "fp8", what, "'s scales must be f32 [2] on its device");
+}
+
+int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// x [T, K] with zero rows appended up to `rows` (x itself when it already has them).
+Tensor pad_rows(const Tensor& x, int64_t rows) {
+  if (x.shape()[0] == rows) return x.contiguous();
+  Tensor p = Tensor::zeros({rows, x.shape()[1]}, x.dtype(), x.device());
+  p.narrow_view(0, 0, x.shape()[0]).copy_(x);
+  return p;
+}
+
+// The scale a cast of x in role row `row` uses: the state's (delayed) once seeded; before that, one
+// computed from x's own amax (a fresh scalar, so every call's snapshot is its own).
+Tensor role_scale(const Fp8State& state, int64_t row, Fp8Format format, const Tensor& x) {
+  if (state.seeded()) return state.scale().narrow_view(0, row, 1);
+  Tensor amax = Tensor::zeros({1}, DType::F32, x.device());
+  kernels::dispatch(kernels::fp8_amax, "fp8_amax", x.device(), x, amax);
+  Tensor scale = Tensor::full({1}, 1.0, DType::F32, x.device());
+  kernels::dispatch(kernels::fp8_scale, "fp8_scale", x.device(), amax.view({1, 1}), scale, fp8_max(format),
+                    state.recipe().margin);
+  return scale;
+}
+
+}  // namespace
+
+// ---- casts and GEMM ----
+
+Fp8CastResult fp8_cast(const Tensor& x_in, const Tensor& scale, Fp8Format format, bool plain, bool transposed,
+                       const Tensor& amax) {
+  KESTREL_CHECK(x_in.defined() && x_in.dim() == 2, "fp8_cast", "x must be 2-D, got ",
+                x_in.defined() ? x_in.str() : std::string("undefined"));
+  KESTREL_CHECK(x_in.dtype() == DType::F32 || x_in.dtype() == DType::BF16, "fp8_cast", "x must be f32 or bf16, got ",
+                x_in.str());
+  check_scalar(scale, x_in.device(), "scale");
+  if (amax.defined()) check_scalar(amax, x_in.device(), "amax");
+  Tensor x = x_in.contiguous();
+  const int64_t R = x.shape()[0], C = x.shape()[1];
+  Fp8CastResult r;
+  Tensor scales = Tensor::empty({2}, DType::F32, x.device());
+  if (plain) r.plain = {Tensor::empty({R, C}, DType::U8, x.device()), scales, format};
+  if (transposed) r.transposed = {Tensor::empty({C, R}, DType::U8, x.device()), scales, format};
+  kernels::dispatch(kernels::fp8_cast, "fp8_cast", x.device(), x, r.plain.data, r.transposed.data, scale, scales,
+                    amax, format);
+  return r;
+}
+
+void fp8_amax_into(const Tensor& x, const Tensor& amax) {
+  KESTREL_CHECK(x.defined() && x.dim() == 2 && (x.dtype() == DType::F32 || x.dtype() == DType::BF16), "fp8_amax",
+                "x must be 2-D f32 or bf16, got ", x.defined() ? x.str() : std::string("undefined"));
+  check_scalar(amax, x.device(), "amax");
+  kernels::dispatch(kernels::fp8_amax, "fp8_amax", x.device(), x.contiguous(), amax);
+}
+
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, DType out_dtype, bool fast_accum) {
+  check_fp8_operand(a, "a");
+  check_fp8_operand(b, "b");
+  KESTREL_CHECK(a.data.device() == b.data.device(), "fp8_gemm", "device mismatch: ", a.data.str(), " and ",
+                b.data.str());
+  const int64_t M = a.data.shape()[0], K = a.data.shape()[1], N = b.data.shape()[0];
+  KESTREL_CHECK(b.data.shape()[1] == K, "fp8_gemm", "a [", M, ", ", K, "] and b [", N, ", ", b.data.shape()[1],
+                "] differ in K (out = a . b^T)");
+  KESTREL_CHECK(M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "fp8_gemm",
+                "M, N and K must be multiples of 16 (cuBLASLt's FP8 leading dimensions), got M ", M, ", N ", N,
+                ", K ", K);
+  KESTREL_CHECK(!(a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2), "fp8_gemm",
+                "a and b cannot both be e5m2 (no such FP8 GEMM)");
+  KESTREL_CHECK(out_dtype == DType::BF16 || out_dtype == DType::F32, "fp8_gemm", "output must be bf16 or f32, got ",
+                dtype_name(out_dtype));
+  Tensor out = Tensor::empty({M, N}, out_dtype, a.data.device());
+  kernels::dispatch(kernels::fp8_gemm, "fp8_gemm", out.device(), out, a.data, a.format, a.scales, b.data, b.format,
+                    b.scales, fast_accum);
+  return out;
+}
+
+Tensor fp8_dequantize(const Fp8Tensor& q) {
+  check_fp8_operand(q, "q");
+  std::vector<uint8_t> codes(static_cast<size_t>(q.data.numel()));
+  Tensor host = q.data.to(Device::cpu());
+  std::copy(host.data<uint8_t>(), host.data<uint8_t>() + codes.size(), codes.begin());
+  const float inv = q.scales.to(Device::cpu()).to_float_vector()[1];
+  std::vector<float> v(codes.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = fp8_to_float(codes[i], q.format) * inv;
+  return Tensor::from_vector(v, q.data.shape());
+}
+
+// ---- delayed scaling ----
+
+Fp8State::Fp8State(int64_t linears, const Fp8Recipe& recipe, Device device)
+    : linears_(linears), recipe_(recipe), device_(device) {
+  KESTREL_CHECK(linears > 0, "fp8", "the state needs at least one linear, got ", linears);
+  recipe_.validate();
+  reset();
+}
+
+int64_t Fp8State::row(int64_t index, Fp8Role role) const {
+  KESTREL_CHECK(index >= 0 && index < linears_, "fp8", "linear index ", index, " out of range [0, ", linears_, ")");
+  return static_cast<int64_t>(role) * linears_ + index;
+}
+
+void Fp8State::reset() {
+  amax_ = Tensor::zeros({3 * linears_}, DType::F32, device_);
+  history_ = Tensor::zeros({3 * linears_, recipe_.amax_history}, DType::F32, device_);
+  scale_ = Tensor::full({3 * linears_}, 1.0, DType::F32, device_);
+  rolls_ = 0;
+}
+
+void Fp8State::roll() {
+  kernels::dispatch(kernels::fp8_roll, "fp8_roll", device_, history_, amax_);
+  // Input and weight rows are e4m3; the gradient rows use the recipe's format.
+  const int64_t L = linears_;
+  kernels::dispatch(kernels::fp8_scale, "fp8_scale", device_, history_.narrow_view(0, 0, 2 * L),
+                    scale_.narrow_view(0, 0, 2 * L), fp8_max(Fp8Format::E4M3), recipe_.margin);
+  kernels::dispatch(kernels::fp8_scale, "fp8_scale", device_, history_.narrow_view(0, 2 * L, L),
+                    scale_.narrow_view(0, 2 * L, L), fp8_max(recipe_.grad_format), recipe_.margin);
+  ++rolls_;
+}
+
+// ---- linear ----
+
+Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index) {
+  KESTREL_CHECK(weight.dim() == 2, "linear_fp8", "weight must be [out, in], got ", weight.str());
+  KESTREL_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear_fp8", "input ", x.str(),
+                " does not match weight ", weight.str());
+  KESTREL_CHECK(x.dtype() == weight.dtype() && (x.dtype() == DType::BF16 || x.dtype() == DType::F32), "linear_fp8",
+                "x and weight must both be bf16 (or f32 on the CPU), got ", x.str(), " and ", weight.str());
+  KESTREL_CHECK(x.device() == weight.device() && x.device() == state.device(), "linear_fp8", "device mismatch: x ",
+                x.str(), ", weight ", weight.str(), ", state on ", state.device().str());
+  const int64_t N = weight.shape()[0], K = weight.shape()[1];
+  KESTREL_CHECK(K % 16 == 0 && N % 16 == 0, "linear_fp8", "weight ", weight.str(),
+                ": in and out features must be multiples of 16 (cuBLASLt's FP8 leading dimensions)");
+  const int64_t rx = state.row(index, Fp8Role::Input), rw = state.row(index, Fp8Role::Weight),
+                rg = state.row(index, Fp8Role::GradOutput);
+  const Fp8Format fx = state.format(Fp8Role::Input), fw = state.format(Fp8Role::Weight),
+                  fg = state.format(Fp8Role::GradOutput);
+  const DType dt = x.dtype();
+  Tensor x2 = x.dim() == 2 ? x : reshape(x, {-1, K});
+  const int64_t T = x2.shape()[0], Tp = round_up16(std::max<int64_t>(T, 1));
+  const bool record = ag::should_record({x2, weight});
+  const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
+
+  Tensor xd = pad_rows(x2.detach(), Tp), wd = weight.detach().contiguous();
+  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, gw, state.amax().narrow_view(0, rx, 1));
+  Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, state.amax().narrow_view(0, rw, 1));
+  Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
+  if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
+  if (record) {
+    Fp8Tensor xt = x8.transposed;  // [K, Tp], the only activation kept
+    Tensor w_scales = w8.plain.scales;
+    Fp8State* st = &state;  // owned by the model, which outlives its tape
+    ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      Tensor go = pad_rows(g[0].detach(), Tp);  // [Tp, N]
+      Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, st->amax().narrow_view(0, rg, 1));
+      Tensor dx, dw;
+      if (gx) {
+        // W8T [K, N] with the forward's weight scale (the weight has not changed since).
+        Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 0, 1), fw, false, true);
+        dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
+        if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
+      }
+      if (gw) dw = fp8_gemm(g8.transposed, xt, dt, false);  // [N, K]
+      return {dx, dw};
+    });
+  }
+  if (bias.defined()) {
+    KESTREL_CHECK(bias.dim() == 1 && bias.shape()[0] == N && bias.dtype() == dt, "linear_fp8", "bias must be ",
+                  dtype_name(dt), " [", N, "], got ", bias.str());
+    y = add(y, bias);
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = N;
+  return x.dim() == 2 ? y : reshape(y, out_shape);
+}
+
+}  // namespace kestrel
