@@ -1,8 +1,9 @@
 // Op-table cases for attention over packed documents: documents of length 1, one document, many
 // documents, query/key lengths that differ (rows with no visible key), GQA ratios 1, 4, 8, causal and
-// bidirectional, head_dim 8, 64, 72 (multiples of 8, as the CUDA kernels need). The output and the
-// log-sum-exp are separate cases (lse is f32 whatever the input dtype, so its case casts it to the
-// input dtype, skips f64 and clamps the -inf of key-less rows to -1000 on both sides).
+// bidirectional, head_dim 8, 64, 72, 88, 96, 112 (multiples of 8, as the CUDA kernels need; 72-112
+// run the narrow Hopper kernels on sm_90). The output and the log-sum-exp are separate cases (lse is
+// f32 whatever the input dtype, so its case casts it to the input dtype, skips f64 and clamps the
+// -inf of key-less rows to -1000 on both sides).
 #include <cmath>
 #include <limits>
 
@@ -83,6 +84,10 @@ void add_attention_cases(std::vector<OpCase>& cases) {
       {"docs_5_1_17_3_9_gqa8_d72_causal", {5, 1, 17, 3, 9}, {5, 1, 17, 3, 9}, 8, 1, 72, true, false},
       {"docs_5_1_17_3_9_gqa4_d72_bidir", {5, 1, 17, 3, 9}, {5, 1, 17, 3, 9}, 8, 2, 72, false, false},
       {"q_3_6_k_10_4_gqa2_d64_causal", {3, 6}, {10, 4}, 4, 2, 64, true, false},
+      // Head dims of the narrow CUDA kernels (80, 96, 112 on sm_90) past the 72 above.
+      {"docs_9_1_20_gqa2_d96_causal", {9, 1, 20}, {9, 1, 20}, 4, 2, 96, true, false},
+      {"q_7_3_k_12_3_gqa4_d112_bidir", {7, 3}, {12, 3}, 4, 1, 112, false, false},
+      {"docs_20_5_gqa1_d88_causal", {20, 5}, {20, 5}, 2, 2, 88, true, false},
   };
   for (const AttnSpec& sp : specs) {
     auto make = [sp](DType dt, Device dev) -> OpInputs {
