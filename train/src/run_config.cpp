@@ -1,5 +1,5 @@
 // RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget /
-// memory.* / train.deterministic into typed values (run_config.h states the rules).
+// memory.* / train.deterministic / fp8.* into typed values (run_config.h states the rules).
 #include "kestrel/train/run_config.h"
 
 #include <limits>
@@ -58,6 +58,23 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   const nlohmann::json det = cfg["train"].value("deterministic", nlohmann::json(false));
   KESTREL_CHECK(det.is_boolean(), "train", "train.deterministic must be true or false, got ", det.dump());
   r.deterministic = det.get<bool>();
+  const nlohmann::json& fp8 = cfg["fp8"];
+  r.fp8 = fp8["enabled"];
+  const std::string scaling = fp8["scaling"];
+  KESTREL_CHECK(scaling == "delayed", "train", "fp8.scaling must be \"delayed\" (per-tensor scales from an amax ",
+                "history), got '", scaling, "'", scaling == "tile" || scaling == "tilewise" || scaling == "tile-wise"
+                                                     ? ": tile-wise scaling is not implemented yet"
+                                                     : "");
+  r.fp8_recipe.amax_history = fp8["amax_history"];
+  r.fp8_recipe.margin = fp8["margin"];
+  r.fp8_recipe.grad_format = parse_fp8_format(fp8["grad_format"].get<std::string>(), "fp8.grad_format");
+  r.fp8_recipe.fast_accum_forward = fp8["fast_accum_forward"];
+  KESTREL_CHECK(r.fp8_recipe.amax_history >= 1 && r.fp8_recipe.amax_history <= 1024, "train",
+                "fp8.amax_history must be in [1, 1024], got ", r.fp8_recipe.amax_history);
+  KESTREL_CHECK(r.fp8_recipe.margin <= 32, "train", "fp8.margin must be in [0, 32], got ", r.fp8_recipe.margin);
+  KESTREL_CHECK(!r.fp8 || r.dtype == DType::BF16 || (r.dtype == DType::F32 && !r.device.is_cuda()), "train",
+                "fp8.enabled needs precision bf16 (or f32 on the CPU, emulated), got ", dtype_name(r.dtype), " on ",
+                r.device.str());
   r.memory_budget = cfg["memory_budget"];
   if (!r.memory_budget.empty())
     r.memory_budget_bytes =

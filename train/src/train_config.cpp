@@ -81,6 +81,15 @@ json default_train_config() {
       {"precision", "auto"},
       {"recompute", "none"},
       {"mlp_tile_tokens", "auto"},
+      // FP8 linear layers of the decoder (kestrel/ops/fp8.h; run_config.h): off until the quality
+      // evidence holds. "scaling": "delayed" only (tile-wise is refused).
+      {"fp8",
+       {{"enabled", false},
+        {"scaling", "delayed"},
+        {"amax_history", 16},
+        {"margin", 0},
+        {"grad_format", "e5m2"},
+        {"fast_accum_forward", true}}},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",
        {{"pinned_limit", size_text(mem.pinned_limit)},

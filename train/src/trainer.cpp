@@ -88,7 +88,8 @@ struct Trainer::Impl {
   // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
   OptimizerStateForm checkpoint_form = OptimizerStateForm::Full;
   bool nonfinite_skip = false;
-  bool last_step_skipped = false;  // "skip": the last step's update was not applied
+  bool last_step_skipped = false;
+  Fp8State* fp8 = nullptr;  // the decoder's FP8 scaling state when fp8.enabled (rolled per step)  // "skip": the last step's update was not applied
   bool resumed = false, overwrite_out_dir = false;
   std::string last_checkpoint;     // written or resumed from by this process
   // The trace's event log: kept per step (cleared when a step starts) so an OutOfBudget report
@@ -187,7 +188,15 @@ struct Trainer::Impl {
       if (tile > 0)
         log("mlp_tile_tokens " + std::to_string(tile) + (run.mlp_tile_auto ? " (auto: the untiled MLP does not fit " +
                                                                                  run.memory_budget + ")" : ""));
+      // fp8: the layers' projections through FP8 GEMMs; their scales roll after each optimizer step.
+      if (run.fp8) {
+        dec->enable_fp8(run.fp8_recipe);
+        fp8 = dec->fp8_state();
+        log(std::string("fp8: decoder projections in FP8 (e4m3 x/w, ") + fp8_format_name(run.fp8_recipe.grad_format) +
+            " gradients, amax history " + std::to_string(run.fp8_recipe.amax_history) + ")");
+      }
     }
+    KESTREL_CHECK(!run.fp8 || fp8 != nullptr, "train", "fp8.enabled needs a model with a decoder");
     if (std::string init = cfg["model"]["init_from"]; !init.empty()) models::load_safetensors(task->parameters(), init);
     // train.trainable / weight_decay_params / vision_lr_scale (param_groups.h): frozen parameters stop
     // requiring grad here, before anything registers hooks or optimizer state on them.
@@ -378,6 +387,7 @@ struct Trainer::Impl {
         // Already applied; the norm of the gradients it used, for the log (no clipping).
         gnorm = optim->grad_norm();
         if (!gnorm.defined()) gnorm = Tensor::zeros({}, DType::F32, dev);
+        if (fp8) fp8->roll();
         ++step;
         return {loss_sum, gnorm, tokens};
       }
@@ -417,6 +427,8 @@ struct Trainer::Impl {
       if (grad_stream) grad_stream->clear();
     }
     if (grad_reduce) comm->synchronize();  // a dead peer: an error within the timeout, not a hang
+    // FP8: this step's amax joins the histories and the scales follow (device kernels, no sync).
+    if (fp8) fp8->roll();
     ++step;
     return {loss_sum, gnorm, tokens};
   }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kestrel/autograd/recompute.h"
+#include "kestrel/ops/fp8.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/memory_config.h"
@@ -51,6 +52,11 @@ struct RunConfig {
   // config on one GPU model and build give bitwise-equal losses and parameters, and a resume
   // equals the straight run; the CPU is deterministic either way.
   bool deterministic = false;
+  // "fp8": FP8 training of the decoder's linear projections (kestrel/ops/fp8.h), off by default:
+  // {"enabled", "scaling" ("delayed": per tensor with an amax history; "tile" is refused, not yet
+  // implemented), "amax_history", "margin", "grad_format" ("e5m2" | "e4m3"), "fast_accum_forward"}.
+  bool fp8 = false;
+  Fp8Recipe fp8_recipe;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }
