@@ -6,8 +6,9 @@
 // -2, strategy "full", erf-GELU projector), a batch of two sequences with three images, transformers' loss and
 // the gradient of every parameter. Here: Kestrel's loss and every gradient in f32 on the CPU.
 // Tolerances: both sides compute in f32 with different summation orders (attention, GEMM, the vocabulary
-// reduction); at these sizes (sums of <= 100 terms, ~10 chained ops) that leaves relative errors near 1e-6, so
-// 1e-5 relative (loss) and 1e-5 relative L2 (each gradient) is 10x headroom while any modelling slip misses by
+// reduction); Kestrel's f32 gradients of this model are within 1.3e-6 relative L2 of its f64 ones (the vision
+// key biases aside, below), and transformers' f32 error is of the same kind, so 1e-5 relative (loss) and 1e-5
+// relative L2 (each gradient) leaves about 4x headroom over their sum while any modelling slip misses by
 // orders of magnitude (the test shows that the tanh GELU in the projector or the wrong feature layer miss the
 // stored gradients by more than 10x the tolerance). The parameters the loss does not reach (the last vision block, post_layernorm)
 // must get no gradient in either. A missing fixture folder skips the fixture test only.
@@ -37,6 +38,22 @@ using nlohmann::json;
 
 constexpr double kLossTol = 1e-5;  // relative, f32 (see the note at the top)
 constexpr double kGradTol = 1e-5;  // relative L2 per parameter, f32
+
+// A vision block's key bias cannot change the loss: without rotary positions q.(k + b) shifts all of a query's
+// scores by the same q.b, which softmax ignores. Its gradient is 0 in exact arithmetic and rounding noise in both
+// implementations (Kestrel f32 against f64 on this model: 1e8 relative), so it is judged in units of the same
+// layer's query-bias gradient: both sides and their difference below kGradTol of that.
+bool vision_key_bias(const std::string& llava_name) {
+  return llava_name.find("vision_tower.") != std::string::npos && llava_name.ends_with("self_attn.k_proj.bias");
+}
+std::string query_bias_of(const std::string& key_bias) {
+  return key_bias.substr(0, key_bias.size() - std::string("k_proj.bias").size()) + "q_proj.bias";
+}
+double l2(const Tensor& t) {
+  double s = 0;
+  for (double v : t.to_double_vector()) s += v * v;
+  return std::sqrt(s);
+}
 
 fs::path fixture_dir(const std::string& name) {
   for (fs::path p : {fs::path(__FILE__).parent_path() / "fixtures", fs::path("tests/train/fixtures"),
@@ -84,7 +101,7 @@ double grad_err_with(models::Vlm& vlm, const models::VlmConfig& cfg, const model
   for (const auto& [llava, name] : f.names) {
     const Tensor g = other.parameters().get(name).grad();
     const Tensor want = read_tensor(expected, "grad." + llava);
-    if (g.defined() && kestrel::testing::max_abs_diff(want, Tensor::zeros(want.shape())) > 0)
+    if (g.defined() && !vision_key_bias(llava) && kestrel::testing::max_abs_diff(want, Tensor::zeros(want.shape())) > 0)
       worst = std::max(worst, kestrel::testing::rel_l2(g, want));
   }
   return worst;
@@ -122,7 +139,7 @@ TEST(VlmHfParity, LlavaQwen2LossAndEveryGradientMatchTransformersF32) {
 
   double worst = 0;
   std::string worst_name;
-  size_t compared = 0, unreached = 0;
+  size_t compared = 0, unreached = 0, key_biases = 0;
   for (const auto& [llava, name] : f.names) {
     SCOPED_TRACE(llava);
     const Tensor want_g = read_tensor(expected, "grad." + llava);
@@ -135,12 +152,23 @@ TEST(VlmHfParity, LlavaQwen2LossAndEveryGradientMatchTransformersF32) {
       continue;
     }
     ASSERT_TRUE(got.defined()) << "Kestrel computed no gradient for " << name;
+    if (vision_key_bias(llava)) {
+      const double unit = l2(read_tensor(expected, "grad." + query_bias_of(llava)));
+      ASSERT_GT(unit, 0.0);
+      EXPECT_LT(l2(want_g) / unit, kGradTol) << "transformers' key-bias gradient is more than noise";
+      EXPECT_LT(l2(got) / unit, kGradTol) << "Kestrel's key-bias gradient is more than noise";
+      std::printf("[llava fixture] %s (zero in exact arithmetic): transformers %.1e, Kestrel %.1e of the query "
+                  "bias's gradient\n", llava.c_str(), l2(want_g) / unit, l2(got) / unit);
+      ++key_biases;
+      continue;
+    }
     const double err = kestrel::testing::rel_l2(got, want_g);
     EXPECT_LT(err, kGradTol) << name;
     if (err > worst) worst = err, worst_name = llava;
   }
   EXPECT_EQ(compared + 4, expected.entries().size()) << "every stored gradient compared";
   EXPECT_GT(unreached, 0u) << "vision_feature_layer -2 leaves the last block unused";
+  EXPECT_EQ(key_biases, static_cast<size_t>(vlm.config().vision_blocks_used()));
   std::printf("[llava fixture] %zu gradients compared (%zu unreached in both), worst rel L2 %.2e (%s)\n", compared,
               unreached, worst, worst_name.c_str());
 

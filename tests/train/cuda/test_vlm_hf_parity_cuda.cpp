@@ -35,6 +35,13 @@ Tensor read_tensor(const models::SafetensorsFile& f, const std::string& name) {
       .clone();
 }
 
+double l2_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_double_vector(), y = b.to_double_vector();
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += (x[i] - y[i]) * (x[i] - y[i]);
+  return std::sqrt(s);
+}
+
 TEST(VlmHfParityCuda, LlavaQwen2Bf16LossAndGradientsNearTransformersF32) {
   KESTREL_REQUIRE_GPU();
   const fs::path dir = fixture_dir();
@@ -59,6 +66,15 @@ TEST(VlmHfParityCuda, LlavaQwen2Bf16LossAndGradientsNearTransformersF32) {
     }
     const Tensor g = got.to(Device::cpu()).to(DType::F32);
     EXPECT_TRUE(testing::all_finite(g)) << llava;
+    if (llava.find("vision_tower.") != std::string::npos && llava.ends_with("self_attn.k_proj.bias")) {
+      // Zero in exact arithmetic (softmax ignores a key bias without rotary positions; see the CPU test):
+      // bf16 rounding noise, judged against the same layer's query-bias gradient.
+      const std::string q = llava.substr(0, llava.size() - 11) + "q_proj.bias";
+      const Tensor unit = read_tensor(expected, "grad." + q);
+      const double e = l2_diff(g, want_g) / l2_diff(unit, Tensor::zeros(unit.shape()));
+      EXPECT_LT(e, 5e-2) << llava << " (in units of the query bias's gradient)";
+      continue;
+    }
     const double e = testing::rel_l2(g, want_g);
     EXPECT_LT(e, 5e-2) << llava;
     worst = std::max(worst, e);
