@@ -1,0 +1,114 @@
+// FP8 vs bf16 linear layers at the 1.5B decoder's shapes (issue 23): T = 8192 tokens, (K, N) =
+// (2048, 2048) q/o, (2048, 512) k/v, (2048, 8192) gate/up, (8192, 2048) down. Timed with CUDA events
+// on the compute stream (manual time).
+//   BM_linear_bf16 / BM_linear_fp8: forward + backward (dgrad and wgrad) through the tape, 6 T K N
+//     FLOP; the FP8 figure includes its casts (x, W, dy; W^T again in backward) and the amax folds.
+//   BM_gemm_fp8: the forward GEMM alone (2 T K N FLOP), e4m3 x e4m3, fast accumulation: the ceiling
+//     the casts eat into. BM_gemm_bf16 is the same GEMM in bf16 (kestrel's matmul: cuBLASLt).
+//   BM_cast_fp8: x [T, K] bf16 -> plain + transposed e4m3 (GB/s: 2 bytes read + 2 written per element).
+// Counters: TFLOP/s (GEMMs, linears) and GB/s (casts). The scales are seeded (one roll) so the timed
+// path is the delayed one (no amax pre-pass).
+#include <benchmark/benchmark.h>
+
+#include <functional>
+
+#include "kestrel/autograd/tape.h"
+#include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/ops/fp8.h"
+#include "kestrel/ops/matmul.h"
+#include "kestrel/runtime/random.h"
+
+namespace kestrel {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+constexpr int64_t kTokens = 8192;
+
+void time_loop(benchmark::State& state, const std::function<void()>& fn, double flops, double bytes = 0) {
+  cudaStream_t s = cuda::current_stream();
+  cudaEvent_t a, b;
+  KESTREL_CUDA_CHECK(cudaEventCreate(&a));
+  KESTREL_CUDA_CHECK(cudaEventCreate(&b));
+  fn();  // warm-up (plans, allocator)
+  fn();
+  KESTREL_CUDA_CHECK(cudaStreamSynchronize(s));
+  double total_ms = 0;
+  for (auto _ : state) {
+    KESTREL_CUDA_CHECK(cudaEventRecord(a, s));
+    fn();
+    KESTREL_CUDA_CHECK(cudaEventRecord(b, s));
+    KESTREL_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    state.SetIterationTime(ms / 1e3);
+    total_ms += ms;
+  }
+  const double per = total_ms / static_cast<double>(state.iterations()) / 1e3;  // seconds
+  if (flops > 0) state.counters["TFLOP/s"] = flops / per / 1e12;
+  if (bytes > 0) state.counters["GB/s"] = bytes / per / 1e9;
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
+Tensor rnd(const Shape& s, double std = 1.0) { return normal(s, 0.0, std, DType::BF16, kGpu); }
+
+// A state whose scales come from one step of these tensors (the delayed path).
+Fp8State seeded_state(const Tensor& x, const Tensor& w, const Tensor& dy) {
+  Fp8State st(1, Fp8Recipe{}, kGpu);
+  Tensor xl = x.detach().clone().set_requires_grad(true), wl = w.detach().clone().set_requires_grad(true);
+  autograd::backward({linear_fp8(xl, wl, Tensor(), st, 0)}, {dy});
+  st.roll();
+  return st;
+}
+
+void run_linear(benchmark::State& state, bool fp8) {
+  const int64_t K = state.range(0), N = state.range(1);
+  Tensor x = rnd({kTokens, K}), w = rnd({N, K}, 0.02), dy = rnd({kTokens, N}, 1e-3);
+  Fp8State st = seeded_state(x, w, dy);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  time_loop(state, [&] {
+    Tensor y = fp8 ? linear_fp8(x, w, Tensor(), st, 0) : linear(x, w);
+    autograd::backward({y}, {dy});
+    x.zero_grad();
+    w.zero_grad();
+  }, 6.0 * kTokens * K * N);
+}
+void BM_linear_bf16(benchmark::State& state) { run_linear(state, false); }
+void BM_linear_fp8(benchmark::State& state) { run_linear(state, true); }
+
+void BM_gemm_fp8(benchmark::State& state) {
+  const int64_t K = state.range(0), N = state.range(1);
+  Tensor one = Tensor::full({1}, 1.0, DType::F32, kGpu);
+  Fp8Tensor a = fp8_cast(rnd({kTokens, K}), one, Fp8Format::E4M3, true, false).plain;
+  Fp8Tensor b = fp8_cast(rnd({N, K}), one, Fp8Format::E4M3, true, false).plain;
+  time_loop(state, [&] { (void)fp8_gemm(a, b, DType::BF16, true); }, 2.0 * kTokens * K * N);
+}
+void BM_gemm_bf16(benchmark::State& state) {
+  const int64_t K = state.range(0), N = state.range(1);
+  Tensor a = rnd({kTokens, K}), b = rnd({N, K});
+  time_loop(state, [&] { (void)matmul(a, b, false, true); }, 2.0 * kTokens * K * N);
+}
+
+void BM_cast_fp8(benchmark::State& state) {
+  const int64_t K = state.range(0);
+  Tensor x = rnd({kTokens, K});
+  Tensor scale = Tensor::full({1}, 8.0, DType::F32, kGpu), amax = Tensor::zeros({1}, DType::F32, kGpu);
+  time_loop(state, [&] { (void)fp8_cast(x, scale, Fp8Format::E4M3, true, true, amax); }, 0,
+            static_cast<double>(kTokens * K) * 4.0);
+}
+
+#define SHAPES(b)                                                                                   \
+  BENCHMARK(b)->Args({2048, 2048})->Args({2048, 512})->Args({2048, 8192})->Args({8192, 2048})->UseManualTime() \
+      ->Unit(benchmark::kMillisecond)->MinTime(0.2)
+SHAPES(BM_linear_bf16);
+SHAPES(BM_linear_fp8);
+SHAPES(BM_gemm_bf16);
+SHAPES(BM_gemm_fp8);
+BENCHMARK(BM_cast_fp8)->Arg(2048)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+
+}  // namespace
+}  // namespace kestrel
+
+BENCHMARK_MAIN();
