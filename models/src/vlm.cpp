@@ -60,6 +60,15 @@ Tensor Vlm::hidden(const VlmBatch& batch, autograd::RecomputePolicy policy) cons
     KESTREL_CHECK(batch.image_positions.numel() == img.shape()[0], "vlm", "batch has ",
                   batch.image_positions.numel(), " image-token slots for ", img.shape()[0], " image embeddings (",
                   config_.image_tokens_per_image(), " per image)");
+    if (!batch.images_per_document.empty()) {
+      int64_t images = 0;
+      for (int64_t n : batch.images_per_document) images += n;
+      KESTREL_CHECK(images == batch.pixel_values.shape()[0] &&
+                        static_cast<int64_t>(batch.images_per_document.size()) + 1 == batch.layout.cu_seqlens.numel(),
+                    "vlm", "batch's images per document (", batch.images_per_document.size(), " documents, ", images,
+                    " images) disagree with its ", batch.layout.cu_seqlens.numel() - 1, " documents and ",
+                    batch.pixel_values.shape()[0], " pixel images");
+    }
     MemoryLabelScope label("splice");
     embeds = splice_rows(embeds, batch.image_positions, img);
   }

@@ -16,6 +16,7 @@
 #include "kestrel/runtime/memory_budget.h"
 #include "kestrel/train/optimizer.h"
 #include "kestrel/train/run_config.h"
+#include "kestrel/train/image_tiling.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/tokenizer.h"
 #include "memory_plan_workspace.h"
@@ -430,9 +431,19 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   // Tokens: the largest micro-batch of the planned steps (captions vary in length).
   Shapes s;
   s.b = static_cast<int64_t>(dtype_size(dtype));
-  s.B = vlm ? B : 0;
-  const int64_t tpi = vlm ? mc.image_tokens_per_image() : 0;
-  s.Tv = vlm ? B * mc.vision_config.num_patches() : 0;
+  // data.image_tiling (image_tiling.h): a record's picture is several tower images. Shapes pictures
+  // all share one grid; other data is planned at the most a picture can have.
+  const ImageTiling tiling = vlm ? image_tiling_from_config(cfg["data"]) : ImageTiling{};
+  int64_t per_record = 1;
+  if (tiling.enabled())
+    per_record = cfg["data"]["type"] == "shapes"
+                     ? choose_tile_grid(cfg["data"]["image_size"].get<int64_t>(), cfg["data"]["image_size"].get<int64_t>(),
+                                        mc.vision_config.image_size, tiling)
+                           .images()
+                     : tiling.max_tiles + (tiling.thumbnail ? 1 : 0);
+  s.B = vlm ? B * per_record : 0;
+  const int64_t tpi = vlm ? mc.image_tokens_per_image() * per_record : 0;  // image slots per record
+  s.Tv = s.B * mc.vision_config.num_patches();
   s.Ti = B * tpi;
   if (!vlm) s.T = B * cfg["data"]["seq_len"].get<int64_t>();  // rows x seq_len, every micro-batch alike
   if (vlm) {
@@ -537,13 +548,13 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
 
   // The batch (train/src/batch_prefetcher.cpp). On the CPU its arrays view the prefetcher's host
   // memory (not counted). On CUDA they are device copies (Activation, label "data"): ids, labels,
-  // positions [T] i64, cu_seqlens, and for the VLM pixels [B, 3, S, S] already in the model dtype
+  // positions [T] i64, cu_seqlens, and for the VLM pixels [images, 3, S, S] already in the model dtype
   // (made so on the host, vlm_data.cpp) and image slots [Ti] i64; with prefetch on, the next
   // micro-batch is uploaded as the step starts, so two batches are live. The step's pixels die
   // with the forward.
   const int64_t S = mc.vision_config.image_size;
   auto block = [&](int64_t bytes) { return on_cuda ? cuda_block_bytes(bytes) : bytes; };
-  const int64_t pixels = on_cuda && vlm ? block(B * 3 * S * S * b) : 0;
+  const int64_t pixels = on_cuda && vlm ? block(s.B * 3 * S * S * b) : 0;
   const int64_t batch_bytes =
       on_cuda ? 3 * block(T * 8) + block((B + 1) * 4) + (vlm ? pixels + block(s.Ti * 8) : 0) : 0;
   const int64_t batches = on_cuda && cfg.value("prefetch", 0) > 0 ? 2 : 1;
@@ -573,7 +584,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.where = "forward: vision";
       L.alloc(kAct, Tv * 3 * P2 * b);  // unfolded patches (saved by the patch GEMM)
       L.alloc(kAct, TE);               // patch GEMM out
-      L.alloc(kAct, TE + (B + 1) * 4); // + positions; cu_seqlens
+      L.alloc(kAct, TE + (s.B + 1) * 4); // + positions; cu_seqlens (one document per tower image)
       L.free(kAct, TE);
       // A frozen tower records nothing: its tensors die as the forward moves on.
       if (!vision_trains) L.free(kAct, Tv * 3 * P2 * b);
@@ -588,9 +599,9 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
       L.where = "forward: projector";
       if (post_ln) {
         L.alloc(kAct, TE + 2 * Tv * 4);  // post layernorm y (freed when the projector returns), mean, rstd
-        if (!vision_trains) L.free(kAct, TE + 2 * Tv * 4 + (B + 1) * 4);  // its input, mean, rstd; cu_seqlens
+        if (!vision_trains) L.free(kAct, TE + 2 * Tv * 4 + (s.B + 1) * 4);  // its input, mean, rstd; cu_seqlens
       } else if (!vision_trains) {
-        L.free(kAct, (B + 1) * 4);  // cu_seqlens; the last block's output is the projector's input
+        L.free(kAct, (s.B + 1) * 4);  // cu_seqlens; the last block's output is the projector's input
       }
       L.alloc(kAct, TE);                    // pixel-shuffle contiguous copy
       L.alloc(kAct, 2 * Ti * Hp * b);       // linear_1, gelu
@@ -754,10 +765,10 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
         const std::string ve = vp + "embeddings.";
         const int64_t embed_grads = (trains(ve + "patch_embedding.weight") ? E * 3 * P2 * b : 0) +
                                     (trains(ve + "patch_embedding.bias") ? E * b : 0) +
-                                    (trains(ve + "position_embedding.weight") ? Tv / B * E * b : 0);
+                                    (trains(ve + "position_embedding.weight") ? Tv / s.B * E * b : 0);
         L.alloc(kGrad, embed_grads);  // patch GEMM dW, db; position gradient
         L.free(kGrad, TE + (first ? 0 : embed_grads));
-        L.free(kAct, Tv * 3 * P2 * b + (B + 1) * 4);  // unfolded patches, cu_seqlens
+        L.free(kAct, Tv * 3 * P2 * b + (s.B + 1) * 4);  // unfolded patches, cu_seqlens
       }
       L.where = "backward: embed";
       L.alloc(kGrad, embed_grad);

@@ -41,6 +41,11 @@ class VlmTask final : public Task {
   VlmTask(const json& cfg, DType dtype, Device device) : data_cfg_(cfg["data"]), dtype_(dtype) {
     models::VlmConfig mc = resolve_vlm_config(cfg);  // towers' configs from model.vision_from / text_from
     const std::string type = data_cfg_["type"];
+    // data.image_tiling (image_tiling.h): tiles + thumbnail per picture, cut on the prefetch threads.
+    const ImageTiling tiling = image_tiling_from_config(data_cfg_);
+    KESTREL_CHECK(!tiling.enabled() || type != "chat", "train", "data.image_tiling (max_tiles ", tiling.max_tiles,
+                  ") is not wired for data.type \"chat\" (its images become one tile each); use \"jsonl\" or "
+                  "\"shapes\" data, or max_tiles 1");
     KESTREL_CHECK(type != "chat", "train", "data.type \"chat\" is not wired for model.type \"vlm\" yet (image "
                   "tokens at <image> in conversations); use it with model.type \"decoder\", or \"jsonl\" "
                   "image-text records here");
@@ -50,8 +55,8 @@ class VlmTask final : public Task {
       const std::string path = data_cfg_["train_files"];
       KESTREL_CHECK(!path.empty(), "train", "data.train_files must name the image-text JSONL file for data.type \"jsonl\"");
       jsonl_ = std::make_unique<ImageTextData>(path, mc.vision_config.image_size, mc.image_tokens_per_image(), device,
-                                               dtype);
-    } else {
+                                               dtype, tiling);
+    } else if (!tiling.enabled()) {  // tiled shapes pictures may be any size (cut into the tower's tiles)
       KESTREL_CHECK(data_cfg_["image_size"].get<int64_t>() == mc.vision_config.image_size, "train",
                     "data.image_size (", data_cfg_["image_size"].get<int64_t>(),
                     ") must equal the vision config's image_size (", mc.vision_config.image_size, ")");
@@ -66,7 +71,11 @@ class VlmTask final : public Task {
     sc.seed = data_cfg_["seed"];
     sc.noise = data_cfg_["noise"];
     sc.shape_scale = data_cfg_["shape_scale"];
-    data_ = std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
+    KESTREL_CHECK(sc.image_size > 0, "train", "data.image_size must be positive, got ", sc.image_size);
+    // The shapes data also scores held-out captions; it is tiled as the training data is when that is shapes.
+    data_ = type == "shapes" ? std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype, tiling,
+                                                               mc.vision_config.image_size)
+                             : std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
   }
 
   models::ParameterList& parameters() override { return model_->parameters(); }
@@ -140,6 +149,8 @@ class DecoderTask final : public Task {
     models::TextConfig tc = model_config<models::TextConfig>(cfg);
     const json& d = cfg["data"];
     const std::string type = d["type"];
+    KESTREL_CHECK(!image_tiling_from_config(d).enabled(), "train", "data.image_tiling applies to model.type \"vlm\" "
+                  "(a decoder has no images); leave max_tiles at 1");
     KESTREL_CHECK(type == "tokens" || type == "chat", "train", "data.type '", type,
                   "' does not fit model.type \"decoder\"; use \"tokens\" (llm.c token files in data.train_files) "
                   "or \"chat\" (conversation JSONL)");

@@ -36,6 +36,8 @@ json default_train_config() {
         {"seed", 1},
         {"noise", 8},
         {"shape_scale", 1.0},
+        // Dynamic high-resolution tiling (image_tiling.h): max_tiles 1 = off.
+        {"image_tiling", {{"max_tiles", 1}, {"thumbnail", true}}},
         {"train_files", ""},
         {"seq_len", 256},
         {"doc_start_token", -1},

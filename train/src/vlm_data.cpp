@@ -22,40 +22,40 @@ std::vector<float> normalize_images(const std::vector<const uint8_t*>& images, i
 Tensor normalize_images(const std::vector<const uint8_t*>& images, int64_t S, DType dtype, Device device) {
   return Tensor::from_vector(normalize_images(images, S), {static_cast<int64_t>(images.size()), 3, S, S}, dtype, device);
 }
-std::vector<uint8_t> resize_nearest(const Image& img, int64_t S) {
-  if (img.width == S && img.height == S) return img.pixels;
-  std::vector<uint8_t> out(static_cast<size_t>(S * S * 3));
-  for (int64_t y = 0; y < S; ++y)
-    for (int64_t x = 0; x < S; ++x) {
-      int64_t sy = std::min(img.height - 1, (2 * y + 1) * img.height / (2 * S));
-      int64_t sx = std::min(img.width - 1, (2 * x + 1) * img.width / (2 * S));
-      for (int64_t c = 0; c < 3; ++c) out[(y * S + x) * 3 + c] = img.pixels[(sy * img.width + sx) * 3 + c];
-    }
-  return out;
-}
+std::vector<uint8_t> resize_nearest(const Image& img, int64_t S) { return resize_nearest(img, S, S); }
 
 HostBatch make_vlm_host_batch(const std::vector<std::string>& captions, const std::vector<float>& pixel_values,
-                              int64_t S, int64_t tokens_per_image, DType pixel_dtype) {
+                              int64_t S, int64_t tokens_per_image, DType pixel_dtype,
+                              const std::vector<int64_t>& images_per_record) {
+  std::vector<int64_t> per_record = images_per_record;
+  if (per_record.empty()) per_record.assign(captions.size(), 1);
+  KESTREL_CHECK(per_record.size() == captions.size(), "vlm_data", "images per record given for ", per_record.size(),
+                " records, the batch has ", captions.size());
   ByteTokenizer tok;
   std::vector<int64_t> ids, labels, img_pos, lengths;
-  for (const std::string& caption : captions) {
-    std::vector<int64_t> doc(static_cast<size_t>(tokens_per_image), ByteTokenizer::kImage);
+  int64_t count = 0;  // tower images
+  for (size_t r = 0; r < captions.size(); ++r) {
+    KESTREL_CHECK(per_record[r] >= 0, "vlm_data", "record ", r, " has ", per_record[r], " images");
+    const int64_t slots = per_record[r] * tokens_per_image;
+    count += per_record[r];
+    std::vector<int64_t> doc(static_cast<size_t>(slots), ByteTokenizer::kImage);
     doc.push_back(ByteTokenizer::kBos);
     int64_t base = static_cast<int64_t>(ids.size());
-    for (int64_t i = 0; i < tokens_per_image; ++i) img_pos.push_back(base + i);
-    for (int64_t t : tok.encode(caption)) doc.push_back(t);
+    for (int64_t i = 0; i < slots; ++i) img_pos.push_back(base + i);
+    for (int64_t t : tok.encode(captions[r])) doc.push_back(t);
     doc.push_back(ByteTokenizer::kEos);
     // Next-token labels: from <bos> (predicting the first caption byte) to the last byte (predicting <eos>).
     for (size_t t = 0; t < doc.size(); ++t)
-      labels.push_back(static_cast<int64_t>(t) >= tokens_per_image && t + 1 < doc.size() ? doc[t + 1] : -100);
+      labels.push_back(static_cast<int64_t>(t) >= slots && t + 1 < doc.size() ? doc[t + 1] : -100);
     ids.insert(ids.end(), doc.begin(), doc.end());
     lengths.push_back(static_cast<int64_t>(doc.size()));
   }
-  const int64_t T = static_cast<int64_t>(ids.size()), count = static_cast<int64_t>(captions.size());
+  const int64_t T = static_cast<int64_t>(ids.size());
   KESTREL_CHECK(static_cast<int64_t>(pixel_values.size()) == count * 3 * S * S, "vlm_data", "pixel values hold ",
                 pixel_values.size(), " floats; ", count, " images of ", S, "x", S, " need ", count * 3 * S * S);
   HostBatch b;
   b.tokens = T;
+  b.images_per_document = per_record;
   b.arrays.push_back(host_array(ids, {T}, DType::I64));
   b.arrays.push_back(host_array(labels, {T}, DType::I64));
   b.arrays.push_back(host_floats(pixel_values, {count, 3, S, S}, pixel_dtype));
@@ -72,6 +72,7 @@ models::VlmBatch vlm_batch_from(const HostBatch& b, const std::vector<Tensor>& a
   out.pixel_values = a[2].dtype() == pixel_dtype ? a[2] : a[2].to(pixel_dtype);
   out.image_positions = a[3];
   out.layout = packed_layout(a[4], a[5], b.max_seqlen);
+  out.images_per_document = b.images_per_document;
   return out;
 }
 
@@ -86,8 +87,12 @@ models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor
 // ---- image-text JSONL ----
 
 ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, int64_t tokens_per_image,
-                             Device device, DType pixel_dtype)
-    : image_size_(image_size), tokens_per_image_(tokens_per_image), device_(device), pixel_dtype_(pixel_dtype) {
+                             Device device, DType pixel_dtype, ImageTiling tiling)
+    : image_size_(image_size),
+      tokens_per_image_(tokens_per_image),
+      device_(device),
+      pixel_dtype_(pixel_dtype),
+      tiling_(tiling) {
   namespace fs = std::filesystem;
   models::require_regular_file(jsonl_path, "image_text");  // a FIFO would block the open below
   std::ifstream f(jsonl_path);
@@ -117,16 +122,19 @@ ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, 
 
 HostBatch ImageTextData::host_batch(uint64_t first, int64_t count) const {
   std::vector<std::string> captions;
-  std::vector<std::vector<uint8_t>> images;
+  std::vector<std::vector<uint8_t>> images;  // the tower's S x S images, record after record
+  std::vector<int64_t> per_record;
   for (int64_t b = 0; b < count; ++b) {
     const Record& r = records_[(first + static_cast<uint64_t>(b)) % records_.size()];
     captions.push_back(r.text);
-    images.push_back(resize_nearest(read_image(r.image), image_size_));
+    std::vector<std::vector<uint8_t>> tiles = tile_image(read_image(r.image), image_size_, tiling_);
+    per_record.push_back(static_cast<int64_t>(tiles.size()));
+    for (auto& t : tiles) images.push_back(std::move(t));
   }
   std::vector<const uint8_t*> ptrs;
   for (auto& im : images) ptrs.push_back(im.data());
   return make_vlm_host_batch(captions, normalize_images(ptrs, image_size_), image_size_, tokens_per_image_,
-                             pixel_dtype_);
+                             pixel_dtype_, per_record);
 }
 
 models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
@@ -136,35 +144,53 @@ models::VlmBatch ImageTextData::batch(uint64_t first, int64_t count) const {
 
 // ---- the embedded shapes dataset ----
 
-ShapesVlmData::ShapesVlmData(ShapesConfig shapes, int64_t tokens_per_image, Device device, DType pixel_dtype)
-    : dataset_(shapes), tokens_per_image_(tokens_per_image), device_(device), pixel_dtype_(pixel_dtype) {}
+ShapesVlmData::ShapesVlmData(ShapesConfig shapes, int64_t tokens_per_image, Device device, DType pixel_dtype,
+                             ImageTiling tiling, int64_t tile_size)
+    : dataset_(shapes),
+      tokens_per_image_(tokens_per_image),
+      device_(device),
+      pixel_dtype_(pixel_dtype),
+      tiling_(tiling),
+      tile_size_(tile_size > 0 ? tile_size : shapes.image_size) {
+  const int64_t size = dataset_.image_size();
+  KESTREL_CHECK(tiling_.enabled() || size == tile_size_, "vlm_data", "shapes images of ", size, "x", size,
+                " need image tiling to feed a tower of ", tile_size_, "x", tile_size_);
+  images_per_record_ = choose_tile_grid(size, size, tile_size_, tiling_).images();
+}
+
+ShapeSample ShapesVlmData::render_images(uint64_t index, std::vector<std::vector<uint8_t>>& out) const {
+  Image img{dataset_.image_size(), dataset_.image_size(), std::vector<uint8_t>(dataset_.image_bytes())};
+  ShapeSample s = dataset_.render(index, img.pixels);
+  if (!tiling_.enabled()) {
+    out.push_back(std::move(img.pixels));
+    return s;
+  }
+  for (auto& t : tile_image(img, tile_size_, tiling_)) out.push_back(std::move(t));
+  return s;
+}
 
 Tensor ShapesVlmData::pixels(uint64_t first, int64_t count) const {
-  std::vector<std::vector<uint8_t>> imgs(static_cast<size_t>(count), std::vector<uint8_t>(dataset_.image_bytes()));
+  std::vector<std::vector<uint8_t>> imgs;
+  for (int64_t b = 0; b < count; ++b) render_images(first + static_cast<uint64_t>(b), imgs);
   std::vector<const uint8_t*> ptrs;
-  for (int64_t b = 0; b < count; ++b) {
-    dataset_.render(first + static_cast<uint64_t>(b), imgs[b]);
-    ptrs.push_back(imgs[b].data());
-  }
-  return normalize_images(ptrs, dataset_.image_size(), pixel_dtype_, device_);
+  for (auto& im : imgs) ptrs.push_back(im.data());
+  return normalize_images(ptrs, tile_size_, pixel_dtype_, device_);
 }
 
 std::vector<int64_t> ShapesVlmData::prompt() const {
-  std::vector<int64_t> p(static_cast<size_t>(tokens_per_image_), ByteTokenizer::kImage);
+  std::vector<int64_t> p(static_cast<size_t>(images_per_record_ * tokens_per_image_), ByteTokenizer::kImage);
   p.push_back(ByteTokenizer::kBos);
   return p;
 }
 
 HostBatch ShapesVlmData::host_batch(uint64_t first, int64_t count) const {
   std::vector<std::string> captions;
-  std::vector<std::vector<uint8_t>> imgs(static_cast<size_t>(count), std::vector<uint8_t>(dataset_.image_bytes()));
+  std::vector<std::vector<uint8_t>> imgs;
+  for (int64_t b = 0; b < count; ++b) captions.push_back(render_images(first + static_cast<uint64_t>(b), imgs).caption);
   std::vector<const uint8_t*> ptrs;
-  for (int64_t b = 0; b < count; ++b) {
-    captions.push_back(dataset_.render(first + static_cast<uint64_t>(b), imgs[b]).caption);
-    ptrs.push_back(imgs[b].data());
-  }
-  return make_vlm_host_batch(captions, normalize_images(ptrs, dataset_.image_size()), dataset_.image_size(),
-                             tokens_per_image_, pixel_dtype_);
+  for (auto& im : imgs) ptrs.push_back(im.data());
+  return make_vlm_host_batch(captions, normalize_images(ptrs, tile_size_), tile_size_, tokens_per_image_, pixel_dtype_,
+                             std::vector<int64_t>(static_cast<size_t>(count), images_per_record_));
 }
 
 models::VlmBatch ShapesVlmData::batch(uint64_t first, int64_t count) const {

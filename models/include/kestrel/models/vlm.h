@@ -14,9 +14,11 @@ namespace kestrel::models {
 struct VlmBatch {
   Tensor input_ids;        // [T] i64, image-token id at image slots
   Tensor labels;           // [T] i64, next-token targets, -100 where no loss
-  Tensor pixel_values;     // [B, C, H, W]
+  Tensor pixel_values;     // [B, C, H, W]: every tower image (a tiled picture is several), in document order
   Tensor image_positions;  // [B * tokens_per_image] i64: sequence slots receiving image embeddings, in order
   PackedBatch layout;      // documents (one per image-text record)
+  // Host metadata: the images of each document (tiles + thumbnail), summing to B; empty = not given.
+  std::vector<int64_t> images_per_document;
 };
 
 class Vlm {

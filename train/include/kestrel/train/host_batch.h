@@ -24,6 +24,9 @@ struct HostBatch {
   uint64_t index = 0;       // micro-batch index (data position) it was built for
   int64_t tokens = 0;       // tokens in the batch (for tokens/s)
   int64_t max_seqlen = 0;   // longest document (PackedBatch::max_seqlen)
+  // VLM batches: the tower images of each document, in order (tiles then thumbnail, image_tiling.h);
+  // host metadata, not copied to the device. Empty: one image per document.
+  std::vector<int64_t> images_per_document;
   std::vector<HostArray> arrays;
 };
 
