@@ -10,7 +10,9 @@
 #include <fstream>
 #include <random>
 
+#include "kestrel/autograd/grad_mode.h"
 #include "kestrel/models/config.h"
+#include "kestrel/models/vlm.h"
 #include "kestrel/train/image_io.h"
 #include "kestrel/train/image_tiling.h"
 #include "kestrel/train/memory_plan.h"
@@ -217,6 +219,25 @@ TEST(ImageTilingData, TinyVlmTrainsOnTiledShapesAndEvaluates) {
   EXPECT_LT(s.last_loss, 0.8 * s.first_loss) << s.first_loss << " -> " << s.last_loss;
   EXPECT_EQ(t.evaluate().samples, 4);  // greedy captions from tiled prompts (20 image slots + <bos>)
   fs::remove_all(dir);
+}
+
+TEST(ImageTilingData, VlmChecksImagesPerDocument) {
+  const json cfg = testing::tiny_vlm_run("unused", {{"steps", 1}});
+  const models::VlmConfig mc = models::VlmConfig::from_json(cfg["model"]["config"], "model.config");
+  models::Vlm vlm(mc, DType::F32, Device::cpu(), 3);
+  autograd::NoGradGuard no_grad;  // record no tape: nothing outlives the test (later tests profile memory)
+  ShapesConfig sc;
+  sc.image_size = 32;
+  ShapesVlmData data(sc, tokens_per_image(mc), Device::cpu(), DType::F32, ImageTiling{4, true}, kS);
+  models::VlmBatch b = data.batch(0, 2);
+  EXPECT_EQ(b.images_per_document, (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(b.image_positions.numel(), 2 * 5 * kTpi);
+  EXPECT_TRUE(std::isfinite(vlm.loss(b).item()));
+  // Metadata that disagrees with the pixels or the documents is an error, not a silent misalignment.
+  b.images_per_document = {4, 5};
+  expect_has(error_of([&] { vlm.loss(b); }), {"vlm", "images per document", "9 images", "10 pixel images"});
+  b.images_per_document = {5, 5, 0};
+  expect_has(error_of([&] { vlm.loss(b); }), {"vlm", "3 documents", "its 2 documents"});
 }
 
 TEST(ImageTilingData, PlanCountsTheTiles) {
