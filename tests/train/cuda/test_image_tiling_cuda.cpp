@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::vector<double> tiled_run_losses(const std::string& dir, int prefetch, EvalResult* eval = nullptr) {
-  json cfg = testing::tiny_vlm_run(dir, {{"steps", 10}, {"batch_size", 8}},
+  json cfg = testing::tiny_vlm_run(dir, {{"steps", 30}, {"batch_size", 8}},
                                    {{"device", "cuda"}, {"precision", "bf16"}, {"prefetch", prefetch}});
   cfg["data"]["image_size"] = 32;
   cfg["data"]["image_tiling"] = {{"max_tiles", 4}, {"thumbnail", true}};
@@ -41,9 +41,9 @@ TEST(ImageTilingCuda, TiledRunTrainsAndPrefetchingLeavesTheLossesUnchanged) {
   EvalResult eval;
   const std::vector<double> inline_run = tiled_run_losses(base + "_inline", 0, &eval);
   const std::vector<double> prefetched = tiled_run_losses(base + "_prefetch", 3);
-  ASSERT_EQ(inline_run.size(), 10u);
-  ASSERT_EQ(prefetched.size(), 10u);
-  for (size_t i = 0; i < 10; ++i) {
+  ASSERT_EQ(inline_run.size(), 30u);
+  ASSERT_EQ(prefetched.size(), 30u);
+  for (size_t i = 0; i < 30; ++i) {
     EXPECT_TRUE(std::isfinite(inline_run[i])) << "step " << i + 1;
     EXPECT_NEAR(inline_run[i], prefetched[i], 2e-2 * std::abs(inline_run[i])) << "step " << i + 1;
   }
