@@ -71,4 +71,30 @@ inline void png_chunk(std::vector<uint8_t>& out, const char* type, const std::ve
   put_be32(out, png_crc32(td.data(), td.size()));
 }
 
+// An 8-bit RGB PNG built by hand ([h, w, 3] u8 `rgb`): a zlib stream of one stored (uncompressed)
+// deflate block, so h * (3w + 1) must stay under 64 KiB.
+inline std::vector<uint8_t> encode_png_stored(const std::vector<uint8_t>& rgb, uint32_t w, uint32_t h) {
+  std::vector<uint8_t> raw;
+  for (uint32_t y = 0; y < h; ++y) {
+    raw.push_back(0);  // filter: none
+    raw.insert(raw.end(), rgb.begin() + y * w * 3, rgb.begin() + (y + 1) * w * 3);
+  }
+  std::vector<uint8_t> z = {0x78, 0x01, 0x01, static_cast<uint8_t>(raw.size() & 0xff),
+                            static_cast<uint8_t>(raw.size() >> 8), static_cast<uint8_t>(~raw.size() & 0xff),
+                            static_cast<uint8_t>((~raw.size() >> 8) & 0xff)};
+  z.insert(z.end(), raw.begin(), raw.end());
+  uint32_t a = 1, b = 0;
+  for (uint8_t v : raw) a = (a + v) % 65521, b = (b + a) % 65521;
+  put_be32(z, (b << 16) | a);
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  std::vector<uint8_t> ihdr;
+  put_be32(ihdr, w);
+  put_be32(ihdr, h);
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
+  png_chunk(png, "IHDR", ihdr);
+  png_chunk(png, "IDAT", z);
+  png_chunk(png, "IEND", {});
+  return png;
+}
+
 }  // namespace kestrel::testing

@@ -18,6 +18,7 @@
 #include "support/errors.h"
 #include "support/mutate.h"
 #include "support/temp_dir.h"
+#include "chat_fixtures.h"
 #include "trainer_fixtures.h"
 
 namespace fs = std::filesystem;
@@ -33,49 +34,14 @@ using nlohmann::json;
 
 namespace {
 
-// Byte-level tokenizer.json without merges (one id per byte) plus both templates' special tokens.
-const std::vector<std::string> kSpecials = {"<|im_start|>",        "<|im_end|>",      "<|begin_of_text|>",
-                                            "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                            "<|endoftext|>"};
-std::string write_tokenizer(const TempDir& d) {
-  json vocab = json::object(), added = json::array();
-  for (int b = 0; b < 256; ++b) vocab[byte_level_symbol(static_cast<uint8_t>(b))] = b;
-  for (size_t i = 0; i < kSpecials.size(); ++i) {
-    vocab[kSpecials[i]] = 256 + i;
-    added.push_back({{"id", 256 + i}, {"content", kSpecials[i]}, {"special", true}});
-  }
-  json j = {{"added_tokens", added},
-            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
-  std::ofstream(d.file("tokenizer.json")) << j.dump();
-  return d.file("tokenizer.json");
-}
-
-std::shared_ptr<const TextTokenizer> tokenizer(const TempDir& d) {
-  return std::make_shared<BpeTokenizer>(BpeTokenizer::from_file(write_tokenizer(d)));
-}
+using kestrel::train::testing::ints;
+using kestrel::train::testing::write_lines;
+std::string write_tokenizer(const TempDir& d) { return kestrel::train::testing::write_chat_tokenizer(d); }
+std::shared_ptr<const TextTokenizer> tokenizer(const TempDir& d) { return kestrel::train::testing::chat_tokenizer(d); }
 
 Conversation sample() {
-  return {"", {{"system", "You are terse."}, {"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "Bye"},
+  return {{}, {{"system", "You are terse."}, {"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "Bye"},
                {"assistant", "Bye."}}};
-}
-
-std::vector<int64_t> ints(const HostArray& a) {
-  std::vector<int64_t> v;
-  if (a.dtype == DType::I64) {
-    v.resize(a.bytes.size() / 8);
-    std::memcpy(v.data(), a.bytes.data(), a.bytes.size());
-  } else {
-    std::vector<int32_t> w(a.bytes.size() / 4);
-    std::memcpy(w.data(), a.bytes.data(), a.bytes.size());
-    v.assign(w.begin(), w.end());
-  }
-  return v;
-}
-
-void write_lines(const std::string& path, const std::vector<std::string>& lines) {
-  std::ofstream f(path);
-  for (const std::string& l : lines) f << l << "\n";
 }
 
 }  // namespace
@@ -238,11 +204,12 @@ TEST(ChatData, ImagePathsStayInTheFolder) {
   write_lines(path, {line("img/a.png")});
   std::vector<Conversation> cs = read_conversations(path);
   ASSERT_EQ(cs.size(), 1u);
-  EXPECT_TRUE(cs[0].image.ends_with("img/a.png")) << cs[0].image;
+  ASSERT_EQ(cs[0].images.size(), 1u);
+  EXPECT_TRUE(cs[0].images[0].ends_with("img/a.png")) << cs[0].images[0];
   for (auto [image, why] : std::vector<std::pair<std::string, std::string>>{
            {"../secret.png", "climbs out"}, {(d.path / "secret.png").string(), "absolute"},
            {"link.png", "outside"}, {"fifo.png", "not a regular file"}, {"img", "not a regular file"},
-           {"missing.png", "not a regular file"}}) {
+           {"missing.png", "does not exist"}}) {
     write_lines(path, {line("img/a.png"), line(image)});
     const std::string m = error_of([&] { read_conversations(path); });
     expect_has(m, {path + ":2", why});
@@ -281,8 +248,8 @@ TEST(ChatData, DecoderLearnsFromChatJsonl) {
   // A template name the schema does not know is refused by key.
   user["data"]["chat_template"] = "alpaca";
   expect_has(error_of([&] { Trainer bad(resolve_train_config(user, "test")); }), {"data.chat_template", "alpaca"});
-  // The VLM does not take conversations yet, and says so.
+  // The VLM takes conversations too (test_chat_images.cpp), from a file it is given.
   const json vlm = kestrel::train::testing::tiny_vlm_run(
       d.file("vlm"), {{"steps", 1}}, {{"data", {{"type", "chat"}, {"image_size", 16}}}});
-  expect_has(error_of([&] { Trainer bad(vlm); }), {"data.type \"chat\"", "model.type \"vlm\""});
+  expect_has(error_of([&] { Trainer bad(vlm); }), {"data.train_files", "data.type \"chat\""});
 }

@@ -4,6 +4,8 @@
 
 #include "kestrel/models/decoder.h"
 #include "kestrel/models/vlm.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/reduce.h"
 #include "kestrel/runtime/memory.h"
 #include "kestrel/train/bpe_tokenizer.h"
 #include "kestrel/train/chat_data.h"
@@ -46,16 +48,27 @@ class VlmTask final : public Task {
     KESTREL_CHECK(!tiling.enabled() || type != "chat", "train", "data.image_tiling (max_tiles ", tiling.max_tiles,
                   ") is not wired for data.type \"chat\" (its images become one tile each); use \"jsonl\" or "
                   "\"shapes\" data, or max_tiles 1");
-    KESTREL_CHECK(type != "chat", "train", "data.type \"chat\" is not wired for model.type \"vlm\" yet (image "
-                  "tokens at <image> in conversations); use it with model.type \"decoder\", or \"jsonl\" "
-                  "image-text records here");
-    KESTREL_CHECK(type == "shapes" || type == "jsonl", "train", "data.type '", type,
-                  "' does not fit model.type \"vlm\"; use \"shapes\" (embedded) or \"jsonl\" (image-text records)");
+    KESTREL_CHECK(type == "shapes" || type == "jsonl" || type == "chat", "train", "data.type '", type,
+                  "' does not fit model.type \"vlm\"; use \"shapes\" (embedded), \"jsonl\" (image-text records) or "
+                  "\"chat\" (conversation JSONL, images at <image>)");
     if (type == "jsonl") {
       const std::string path = data_cfg_["train_files"];
       KESTREL_CHECK(!path.empty(), "train", "data.train_files must name the image-text JSONL file for data.type \"jsonl\"");
-      jsonl_ = std::make_unique<ImageTextData>(path, mc.vision_config.image_size, mc.image_tokens_per_image(), device,
-                                               dtype, tiling);
+      jsonl_ = std::make_unique<ImageTextData>(path, mc.vision_config.image_size, tokens_per_image(mc), device, dtype,
+                                               tiling);
+    } else if (type == "chat") {
+      const std::string path = data_cfg_["train_files"], tok = data_cfg_["tokenizer"];
+      KESTREL_CHECK(!path.empty(), "train", "data.train_files must name the conversation JSONL file for data.type \"chat\"");
+      const int64_t seq_len = data_cfg_["seq_len"];
+      ChatVision vision{{mc.image_token_id, tokens_per_image(mc)}, mc.vision_config.image_size, dtype};
+      chat_ = std::make_unique<ChatData>(path, load_text_tokenizer(tok), tok,
+                                         chat_template_from(data_cfg_["chat_template"], mc.text_config.model_type),
+                                         seq_len, mc.text_config.vocab_size, vision);
+      log_message(LogLevel::Info, "train", "chat data: " + std::to_string(chat_->conversations()) +
+                                               " conversations with " + std::to_string(chat_->images()) +
+                                               " images in " + std::to_string(chat_->rows()) + " rows of " +
+                                               std::to_string(seq_len) + " tokens, " +
+                                               std::to_string(chat_->truncated()) + " cut to seq_len");
     } else if (!tiling.enabled()) {  // tiled shapes pictures may be any size (cut into the tower's tiles)
       KESTREL_CHECK(data_cfg_["image_size"].get<int64_t>() == mc.vision_config.image_size, "train",
                     "data.image_size (", data_cfg_["image_size"].get<int64_t>(),
@@ -73,9 +86,9 @@ class VlmTask final : public Task {
     sc.shape_scale = data_cfg_["shape_scale"];
     KESTREL_CHECK(sc.image_size > 0, "train", "data.image_size must be positive, got ", sc.image_size);
     // The shapes data also scores held-out captions; it is tiled as the training data is when that is shapes.
-    data_ = type == "shapes" ? std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype, tiling,
+    data_ = type == "shapes" ? std::make_unique<ShapesVlmData>(sc, tokens_per_image(mc), device, dtype, tiling,
                                                                mc.vision_config.image_size)
-                             : std::make_unique<ShapesVlmData>(sc, mc.image_tokens_per_image(), device, dtype);
+                             : std::make_unique<ShapesVlmData>(sc, tokens_per_image(mc), device, dtype);
   }
 
   models::ParameterList& parameters() override { return model_->parameters(); }
@@ -84,21 +97,34 @@ class VlmTask final : public Task {
   void set_deterministic(bool on) override { model_->set_deterministic(on); }
 
   HostBatch prepare(uint64_t index, int64_t batch_size) const override {
+    if (chat_) return chat_->host_batch(index, batch_size);
     const uint64_t first = index * static_cast<uint64_t>(batch_size);
     return jsonl_ ? jsonl_->host_batch(first, batch_size) : data_->host_batch(first, batch_size);
   }
 
   Tensor loss(const HostBatch& b, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
-    return model_->loss(vlm_batch_from(b, arrays, dtype_), policy);
+    models::VlmBatch vb = vlm_batch_from(b, arrays, dtype_);
+    if (vb.image_positions.numel() > 0) return model_->loss(vb, policy);
+    // No image in the batch (text-only conversations): the tower still runs, on one blank image whose
+    // embeddings enter the sequence times 0 where the splice would be (after the embedding, before
+    // the decoder). The loss is the text-only loss exactly, and every parameter gets its (zero)
+    // gradient in the same order as in a batch with images, so data-parallel ranks reduce the same
+    // buckets whatever their batches hold (as LLaVA trainers do with a dummy image).
+    const models::Decoder& dec = model_->decoder();
+    Tensor embeds = dec.embed(vb.input_ids);
+    const int64_t S = model_->config().vision_config.image_size;
+    Tensor img = model_->image_embeddings(Tensor::zeros({1, 3, S, S}, dtype_, vb.input_ids.device()), policy);
+    embeds = add(embeds, scale(mean(img), 0.0));
+    return dec.loss(dec.forward(embeds, vb.layout, policy), vb.labels);
   }
 
   std::vector<std::pair<std::string, std::string>> samples(int64_t count) override {
-    if (jsonl_ || count <= 0) return {};
+    if (jsonl_ || chat_ || count <= 0) return {};
     return evaluate_range(std::min<int64_t>(count, 50)).examples;
   }
 
   EvalResult evaluate() override {
-    if (jsonl_) return {};  // held-out captions are scored on the embedded shapes data only
+    if (jsonl_ || chat_) return {};  // held-out captions are scored on the embedded shapes data only
     return evaluate_range(data_cfg_["eval_samples"].get<int64_t>());
   }
 
@@ -137,6 +163,7 @@ class VlmTask final : public Task {
   std::unique_ptr<models::Vlm> model_;
   std::unique_ptr<ShapesVlmData> data_;
   std::unique_ptr<ImageTextData> jsonl_;
+  std::unique_ptr<ChatData> chat_;
 };
 
 class DecoderTask final : public Task {

@@ -1,8 +1,9 @@
 // Private: what the training loop trains. A Task owns a model and its data: it turns a micro-batch
 // index into host arrays (prepare: pure and thread-safe, so the prefetch thread runs it) and a
 // prepared batch on the device into a loss on the tape; the loop (trainer.cpp) owns everything else
-// (prefetching, optimizer, schedule, logging, checkpoints). Tasks: "vlm" on the embedded shapes data
-// or image-text JSONL, "decoder" on llm.c token files or conversation JSONL (chat_data.h).
+// (prefetching, optimizer, schedule, logging, checkpoints). Tasks: "vlm" on the embedded shapes data,
+// image-text JSONL or conversation JSONL with images; "decoder" on llm.c token files or conversation
+// JSONL (chat_data.h).
 #pragma once
 
 #include <memory>
