@@ -67,16 +67,25 @@ TEST(Fp8Config, OffByDefaultTypedAndRefusedByName) {
 
 TEST(Fp8Decoder, EveryProjectionRecordsItsAmaxAndTheTiledMlpIsRefused) {
   models::TextConfig tc = models::TextConfig::from_json(kText);
+  for (const char* type : {"llama", "qwen2"}) {  // qwen2: q/k/v biases added after the FP8 GEMM
+    json text = kText;
+    text["model_type"] = type;
+    models::Decoder dec(models::TextConfig::from_json(text), DType::F32, Device::cpu(), 3);
+    dec.enable_fp8(Fp8Recipe{});
+    ASSERT_NE(dec.fp8_state(), nullptr);
+    EXPECT_EQ(dec.fp8_state()->linears(), 2 * models::Decoder::kFp8LinearsPerLayer);
+    std::vector<int64_t> ids(24);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 5 + 1) % 64);
+    models::PackedBatch batch = models::PackedBatch::from_lengths({24}, Device::cpu());
+    Tensor h = dec.forward(dec.embed(Tensor::from_vector(ids, {24}, DType::I64)), batch);
+    autograd::backward({sum(h, {0, 1})}, {});
+    for (float a : dec.fp8_state()->amax().to_float_vector()) EXPECT_GT(a, 0.0f) << type;
+    for (auto& [name, p] : dec.parameters().items())
+      if (name.find("layers.") != std::string::npos) EXPECT_TRUE(p->grad().defined()) << type << " " << name;
+    if (std::string(type) == "qwen2") EXPECT_TRUE(dec.parameters().get("model.layers.0.self_attn.q_proj.bias").grad().defined());
+  }
   models::Decoder dec(tc, DType::F32, Device::cpu(), 3);
   dec.enable_fp8(Fp8Recipe{});
-  ASSERT_NE(dec.fp8_state(), nullptr);
-  EXPECT_EQ(dec.fp8_state()->linears(), 2 * models::Decoder::kFp8LinearsPerLayer);
-  std::vector<int64_t> ids(24);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 5 + 1) % 64);
-  models::PackedBatch batch = models::PackedBatch::from_lengths({24}, Device::cpu());
-  Tensor h = dec.forward(dec.embed(Tensor::from_vector(ids, {24}, DType::I64)), batch);
-  autograd::backward({sum(h, {0, 1})}, {});
-  for (float a : dec.fp8_state()->amax().to_float_vector()) EXPECT_GT(a, 0.0f);
   expect_has(error_of([&] { dec.set_mlp_tile_tokens(8); }), {"fp8", "tiled MLP"});
   models::Decoder tiled(tc, DType::F32, Device::cpu(), 3);
   tiled.set_mlp_tile_tokens(8);
