@@ -39,6 +39,7 @@
 #include "kestrel/ops/cross_entropy.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
+#include "kestrel/ops/fp8.h"
 #include "kestrel/ops/matmul.h"
 #include "kestrel/ops/norm.h"
 #include "kestrel/ops/optim.h"
