@@ -77,7 +77,7 @@ TEST(Fp8DecoderCuda, MatchesTheCpuEmulationAndTheBf16Model) {
       const double ec = testing::rel_l2(g.grads[i], c.grads[i]), er = testing::rel_l2(g.grads[i], r.grads[i]);
       std::printf("step %d %-45s rel L2 vs cpu fp8 %.2e, vs gpu bf16 %.2e\n", step + 1, name.c_str(), ec, er);
       EXPECT_LT(ec, 6e-2) << name << " step " << step + 1;
-      EXPECT_LT(er, 0.15) << name << " step " << step + 1;
+      EXPECT_LT(er, 0.2) << name << " step " << step + 1;  // one linear alone: ~4% (y), ~6% (dx, dw)
       EXPECT_TRUE(testing::all_finite(g.grads[i])) << name;
       ++i;
     }
