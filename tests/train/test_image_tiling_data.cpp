@@ -251,6 +251,13 @@ TEST(ImageTilingData, PlanCountsTheTiles) {
   const MemoryPlan tiled = plan_memory(cfg, po);
   // 5 tower images and 20 image slots per record instead of 1 and 4: 16 more tokens per record.
   EXPECT_EQ(tiled.tokens, plain.tokens + 4 * 16);
+  {
+    // Image-text records are planned at the most a picture can have: 6 tiles + thumbnail, 28 slots.
+    json jsonl = cfg;
+    jsonl["data"]["type"] = "jsonl";
+    jsonl["data"]["image_tiling"]["max_tiles"] = 6;
+    EXPECT_EQ(plan_memory(jsonl, po).tokens, plain.tokens + 4 * 6 * kTpi);
+  }
   EXPECT_GT(tiled.tag_peak[static_cast<int>(MemoryTag::Activation)],
             plain.tag_peak[static_cast<int>(MemoryTag::Activation)]);
   // And it agrees with a profiled run of the tiled config (per tag and in total, within 10%).
