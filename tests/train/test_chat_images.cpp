@@ -18,6 +18,8 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/chat_data.h"
 #include "kestrel/train/image_io.h"
+#include "kestrel/train/memory_plan.h"
+#include "kestrel/train/memory_profile.h"
 #include "kestrel/train/shapes_dataset.h"
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
@@ -357,6 +359,31 @@ TEST(ChatImages, TinyVlmLearnsFromTheBundledSample) {
   const json ex = resolve_train_config(json::parse(std::ifstream(example)), "vlm_chat_sft");
   EXPECT_EQ(ex["model"]["type"], "vlm");
   EXPECT_EQ(ex["data"]["type"], "chat");
+}
+
+TEST(ChatImages, PlanBoundsTheChatRun) {
+  // The planner takes rows of seq_len and at most seq_len / tokens_per_image images a row (32 here);
+  // the run's batches hold 1 to 3, so its measured peaks stay under the plan's; the parameters agree.
+  TempDir d("kestrel_chat_img");
+  const std::string path = materialise_chat_sample(d);
+  const std::string tok = write_chat_tokenizer(d);
+  const json cfg = chat_vlm_run(d.file("out"), path, tok, {{"steps", 2}, {"batch_size", 2}}, 128);
+  PlanOptions po;
+  po.steps = 2;
+  const MemoryPlan plan = plan_memory(cfg, po);
+  EXPECT_EQ(plan.tokens, 2 * 128);
+  json fewer = cfg;
+  fewer["data"]["seq_len"] = 64;  // 16 images a row at most, and half the tokens
+  EXPECT_LT(plan_memory(fewer, po).tag_peak[static_cast<int>(MemoryTag::Activation)],
+            plan.tag_peak[static_cast<int>(MemoryTag::Activation)]);
+  const MemoryProfile p = kestrel::train::testing::profile_trainer_run(cfg, Device::cpu());
+  const int par = static_cast<int>(MemoryTag::Parameter);
+  EXPECT_NEAR(static_cast<double>(plan.tag_peak[par]) / static_cast<double>(p.tag_peak[par]), 1.0, 0.10);
+  // Activations and the backward's activation gradients (tag Gradient) scale with the images.
+  for (MemoryTag tag : {MemoryTag::Activation, MemoryTag::Gradient})
+    EXPECT_LE(p.tag_peak[static_cast<int>(tag)], plan.tag_peak[static_cast<int>(tag)])
+        << tag_name(tag) << ": the plan's images are an upper bound";
+  EXPECT_LE(p.peak_in_use, plan.peak);
 }
 
 TEST(ChatImages, TextOnlyBatchesTrainTheVlm) {

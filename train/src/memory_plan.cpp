@@ -446,7 +446,15 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   s.Tv = s.B * mc.vision_config.num_patches();
   s.Ti = B * tpi;
   if (!vlm) s.T = B * cfg["data"]["seq_len"].get<int64_t>();  // rows x seq_len, every micro-batch alike
-  if (vlm) {
+  if (vlm && cfg["data"]["type"] == "chat") {
+    // Conversations (chat_data.h): rows of seq_len, padded; a row's images vary, planned at the most a
+    // row can hold (seq_len / tokens_per_image: its slots alone would fill it), an upper bound.
+    const int64_t seq_len = cfg["data"]["seq_len"];
+    s.B = B * (seq_len / mc.image_tokens_per_image());
+    s.Tv = s.B * mc.vision_config.num_patches();
+    s.Ti = s.B * mc.image_tokens_per_image();
+    s.T = B * seq_len;
+  } else if (vlm) {
     const json& d = cfg["data"];
     ShapesConfig sc;
     sc.image_size = d["image_size"];
