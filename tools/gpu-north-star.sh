@@ -14,7 +14,7 @@
 #            the plan, then the 9B / 250k / 8k decoder inside 24 GiB (configs/llama_9b_250k_8k_compact.json,
 #            NS_STEPSC steps, default 20); NS_SET="train.batch_size=2" for two 8k sequences per step
 #   quality: the 1.5B decoder on the Python stdlib (byte tokens), 300 steps (NS_STEPSQ) of exact AdamW and of
-#            the compact mode, both curves in bench/compact_quality.svg (bench/compact_quality.py)
+#            the compact mode, both curves in bench/compact_quality.svg (bench/quality_ab.py with its defaults)
 # Environment: NS_SET="k=v k=v" extra --set entries for every run.
 # Building BIN on the device (about 45 s on its 16 cores), from the repository root:
 #   cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_BUILD_TESTS=ON &&
@@ -62,7 +62,7 @@ fi
 S1=${NS_STEPS1:-12}
 S8=${NS_STEPS8:-4}
 if [ "$MODE" = quality ]; then
-  timeout 590 python3 bench/compact_quality.py --bin "$B" --steps "${NS_STEPSQ:-300}" 2>&1 | grep -v "^step" | tail -n 12
+  timeout 590 python3 bench/quality_ab.py --bin "$B" --steps "${NS_STEPSQ:-300}" 2>&1 | grep -v "^step" | tail -n 12
   exit 0
 fi
 if [ "$MODE" = compact ]; then
