@@ -89,7 +89,7 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   const DecoderLayer& L = layers_[index];
   const int64_t T = h.shape()[0];
   const int64_t D = config_.head_dim, Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads;
-  // A projection: linear, or linear_fp8 with this layer's j-th delayed-scaling rows.
+  // A projection: linear, or linear_fp8 with this layer's j-th delayed-scaling rows (j: q k v o gate up down).
   auto proj = [&](const Tensor& in, const Tensor& w, const Tensor& b, int64_t j) {
     return fp8_ ? linear_fp8(in, w, b, *fp8_, index * kFp8LinearsPerLayer + j) : linear(in, w, b);
   };
@@ -97,9 +97,18 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   {
     MemoryLabelScope label("attn");  // allocation attribution for the memory profiler
     Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
-    Tensor q = reshape(proj(x, L.q_proj, L.q_bias, 0), {T, Hq, D});
-    Tensor k = reshape(proj(x, L.k_proj, L.k_bias, 1), {T, Hkv, D});
-    Tensor v = reshape(proj(x, L.v_proj, L.v_bias, 2), {T, Hkv, D});
+    Tensor q, k, v;
+    if (fp8_) {  // x cast to FP8 once for the three projections
+      const int64_t base = index * kFp8LinearsPerLayer;
+      std::vector<Tensor> qkv = linear_fp8(x, {L.q_proj, L.k_proj, L.v_proj}, {L.q_bias, L.k_bias, L.v_bias}, *fp8_,
+                                           {base + 0, base + 1, base + 2});
+      q = qkv[0], k = qkv[1], v = qkv[2];
+    } else {
+      q = linear(x, L.q_proj, L.q_bias), k = linear(x, L.k_proj, L.k_bias), v = linear(x, L.v_proj, L.v_bias);
+    }
+    q = reshape(q, {T, Hq, D});
+    k = reshape(k, {T, Hkv, D});
+    v = reshape(v, {T, Hkv, D});
     if (config_.qk_norm()) {
       q = rms_norm(q, L.q_norm, config_.rms_norm_eps);
       k = rms_norm(k, L.k_norm, config_.rms_norm_eps);
@@ -140,9 +149,16 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   }
   MemoryLabelScope label("mlp");
   auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
-  Tensor m = mlp_tile_tokens_ > 0 ? swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_)
-                                  : proj(swiglu(proj(y, L.gate_proj, Tensor(), 4), proj(y, L.up_proj, Tensor(), 5)),
-                                         L.down_proj, Tensor(), 6);
+  Tensor m;
+  if (mlp_tile_tokens_ > 0) {
+    m = swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_);
+  } else if (fp8_) {  // y cast to FP8 once for gate and up
+    const int64_t base = index * kFp8LinearsPerLayer;
+    std::vector<Tensor> gu = linear_fp8(y, {L.gate_proj, L.up_proj}, {}, *fp8_, {base + 4, base + 5});
+    m = proj(swiglu(gu[0], gu[1]), L.down_proj, Tensor(), 6);
+  } else {
+    m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
+  }
   return add(h2, m);
 }
 

@@ -2,6 +2,8 @@
 // and backward GEMMs. The kernels are in cpu/fp8.cpp (exact emulation) and cuda/fp8*.cu.
 #include "kestrel/ops/fp8.h"
 
+#include <vector>
+
 #include "kernels/fp8.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/ops/elementwise.h"
@@ -160,58 +162,81 @@ void Fp8State::roll() {
 
 // ---- linear ----
 
-Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index) {
-  KESTREL_CHECK(weight.dim() == 2, "linear_fp8", "weight must be [out, in], got ", weight.str());
-  KESTREL_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear_fp8", "input ", x.str(),
-                " does not match weight ", weight.str());
-  KESTREL_CHECK(x.dtype() == weight.dtype() && (x.dtype() == DType::BF16 || x.dtype() == DType::F32), "linear_fp8",
-                "x and weight must both be bf16 (or f32 on the CPU), got ", x.str(), " and ", weight.str());
-  KESTREL_CHECK(x.device() == weight.device() && x.device() == state.device(), "linear_fp8", "device mismatch: x ",
-                x.str(), ", weight ", weight.str(), ", state on ", state.device().str());
-  const int64_t N = weight.shape()[0], K = weight.shape()[1];
-  KESTREL_CHECK(K % 16 == 0 && N % 16 == 0, "linear_fp8", "weight ", weight.str(),
-                ": in and out features must be multiples of 16 (cuBLASLt's FP8 leading dimensions)");
-  const int64_t rx = state.row(index, Fp8Role::Input), rw = state.row(index, Fp8Role::Weight),
-                rg = state.row(index, Fp8Role::GradOutput);
+std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                               Fp8State& state, const std::vector<int64_t>& indices) {
+  KESTREL_CHECK(!weights.empty() && indices.size() == weights.size() &&
+                    (biases.empty() || biases.size() == weights.size()),
+                "linear_fp8", "needs one index per weight (and one bias per weight, or none), got ", weights.size(),
+                " weights, ", indices.size(), " indices, ", biases.size(), " biases");
+  KESTREL_CHECK(x.dim() >= 1 && (x.dtype() == DType::BF16 || x.dtype() == DType::F32), "linear_fp8",
+                "x must be bf16 (or f32 on the CPU), got ", x.str());
+  KESTREL_CHECK(x.device() == state.device(), "linear_fp8", "x on ", x.device().str(), ", state on ",
+                state.device().str());
+  const DType dt = x.dtype();
+  const int64_t K = x.shape().back();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& w = weights[i];
+    KESTREL_CHECK(w.dim() == 2 && w.shape()[1] == K, "linear_fp8", "weight must be [out, ", K, "] for input ",
+                  x.str(), ", got ", w.str());
+    KESTREL_CHECK(w.dtype() == dt && w.device() == x.device(), "linear_fp8",
+                  "x and weight must both be bf16 (or f32 on the CPU) on one device, got ", x.str(), " and ", w.str());
+    KESTREL_CHECK(K % 16 == 0 && w.shape()[0] % 16 == 0, "linear_fp8", "weight ", w.str(),
+                  ": in and out features must be multiples of 16 (cuBLASLt's FP8 leading dimensions)");
+    state.row(indices[i], Fp8Role::Input);  // range check, naming the index
+    if (!biases.empty() && biases[i].defined())
+      KESTREL_CHECK(biases[i].dim() == 1 && biases[i].shape()[0] == w.shape()[0] && biases[i].dtype() == dt,
+                    "linear_fp8", "bias must be ", dtype_name(dt), " [", w.shape()[0], "], got ", biases[i].str());
+  }
   const Fp8Format fx = state.format(Fp8Role::Input), fw = state.format(Fp8Role::Weight),
                   fg = state.format(Fp8Role::GradOutput);
-  const DType dt = x.dtype();
   Tensor x2 = x.dim() == 2 ? x : reshape(x, {-1, K});
   const int64_t T = x2.shape()[0], Tp = round_up16(std::max<int64_t>(T, 1));
-  const bool record = ag::should_record({x2, weight});
-  const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
+  // The input is cast once, with the first linear's input row; X8T is kept when any weight needs
+  // its gradient, and shared by their backward closures.
+  bool any_gw = false;
+  for (const Tensor& w : weights) any_gw = any_gw || (w.requires_grad() && ag::should_record({x2, w}));
+  const int64_t rx = state.row(indices[0], Fp8Role::Input);
+  Tensor xd = pad_rows(x2.detach(), Tp);
+  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, any_gw, state.amax().narrow_view(0, rx, 1));
+  Fp8State* st = &state;  // owned by the model, which outlives its tape
+  std::vector<Tensor> outs;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& weight = weights[i];
+    const int64_t N = weight.shape()[0];
+    const int64_t rw = state.row(indices[i], Fp8Role::Weight), rg = state.row(indices[i], Fp8Role::GradOutput);
+    const bool record = ag::should_record({x2, weight});
+    const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
+    Tensor wd = weight.detach().contiguous();
+    Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, state.amax().narrow_view(0, rw, 1));
+    Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
+    if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
+    if (record) {
+      Fp8Tensor xt = gw ? x8.transposed : Fp8Tensor{};  // [K, Tp], the only activation kept
+      Tensor w_scales = w8.plain.scales;
+      ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+        Tensor go = pad_rows(g[0].detach(), Tp);  // [Tp, N]
+        Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, st->amax().narrow_view(0, rg, 1));
+        Tensor dx, dw;
+        if (gx) {
+          // W8T [K, N] with the forward's weight scale (the weight has not changed since).
+          Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 0, 1), fw, false, true);
+          dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
+          if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
+        }
+        if (gw) dw = fp8_gemm(g8.transposed, xt, dt, false);  // [N, K]
+        return {dx, dw};
+      });
+    }
+    if (!biases.empty() && biases[i].defined()) y = add(y, biases[i]);
+    Shape out_shape = x.shape();
+    out_shape.back() = N;
+    outs.push_back(x.dim() == 2 ? y : reshape(y, out_shape));
+  }
+  return outs;
+}
 
-  Tensor xd = pad_rows(x2.detach(), Tp), wd = weight.detach().contiguous();
-  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, gw, state.amax().narrow_view(0, rx, 1));
-  Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, state.amax().narrow_view(0, rw, 1));
-  Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
-  if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
-  if (record) {
-    Fp8Tensor xt = x8.transposed;  // [K, Tp], the only activation kept
-    Tensor w_scales = w8.plain.scales;
-    Fp8State* st = &state;  // owned by the model, which outlives its tape
-    ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      Tensor go = pad_rows(g[0].detach(), Tp);  // [Tp, N]
-      Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, st->amax().narrow_view(0, rg, 1));
-      Tensor dx, dw;
-      if (gx) {
-        // W8T [K, N] with the forward's weight scale (the weight has not changed since).
-        Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 0, 1), fw, false, true);
-        dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
-        if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
-      }
-      if (gw) dw = fp8_gemm(g8.transposed, xt, dt, false);  // [N, K]
-      return {dx, dw};
-    });
-  }
-  if (bias.defined()) {
-    KESTREL_CHECK(bias.dim() == 1 && bias.shape()[0] == N && bias.dtype() == dt, "linear_fp8", "bias must be ",
-                  dtype_name(dt), " [", N, "], got ", bias.str());
-    y = add(y, bias);
-  }
-  Shape out_shape = x.shape();
-  out_shape.back() = N;
-  return x.dim() == 2 ? y : reshape(y, out_shape);
+Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index) {
+  return linear_fp8(x, std::vector<Tensor>{weight}, std::vector<Tensor>{bias}, state, std::vector<int64_t>{index})[0];
 }
 
 }  // namespace kestrel

@@ -329,6 +329,38 @@ TEST(LinearFp8, RaggedTokenCountEqualsTheZeroPaddedOne) {
   EXPECT_EQ(a.amax().to_float_vector(), b.amax().to_float_vector());
 }
 
+TEST(LinearFp8, SharedInputEqualsSeparateLinears) {
+  // q/k/v-style: one cast of x for three weights (one with a bias) equals three linear_fp8 calls
+  // whose input scale is the same (unseeded: each from x's own amax), outputs and gradients bit for bit.
+  const int64_t T = 40, K = 32;
+  Tensor x = randn({T, K}), dy[3] = {randn({T, 32}), randn({T, 16}), randn({T, 16})};
+  Tensor ws[3] = {randn({32, K}, DType::F32, Device::cpu(), 0.1), randn({16, K}, DType::F32, Device::cpu(), 0.1),
+                  randn({16, K}, DType::F32, Device::cpu(), 0.1)};
+  Tensor b = randn({16});
+  auto leaves = [&] {
+    std::vector<Tensor> l = {x.clone().set_requires_grad(true)};
+    for (const Tensor& w : ws) l.push_back(w.clone().set_requires_grad(true));
+    l.push_back(b.clone().set_requires_grad(true));
+    return l;
+  };
+  Fp8State s1(3, Fp8Recipe{}, Device::cpu()), s2(3, Fp8Recipe{}, Device::cpu());
+  std::vector<Tensor> a = leaves(), c = leaves();
+  std::vector<Tensor> ya = linear_fp8(a[0], {a[1], a[2], a[3]}, {Tensor(), a[4], Tensor()}, s1, {0, 1, 2});
+  autograd::backward(ya, {dy[0], dy[1], dy[2]});  // consumes the tape: one run at a time
+  std::vector<Tensor> yc = {linear_fp8(c[0], c[1], Tensor(), s2, 0), linear_fp8(c[0], c[2], c[4], s2, 1),
+                            linear_fp8(c[0], c[3], Tensor(), s2, 2)};
+  autograd::backward(yc, {dy[0], dy[1], dy[2]});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(ya[i], yc[i]), 0.0) << i;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(max_abs_diff(a[i].grad(), c[i].grad()), 0.0) << "leaf " << i;
+  // One input cast: only linear 0's input row saw x; every weight and gradient row is recorded.
+  const std::vector<float> m1 = s1.amax().to_float_vector(), m2 = s2.amax().to_float_vector();
+  EXPECT_EQ(m1[0], m2[0]);
+  EXPECT_EQ(m1[1], 0.0f);
+  EXPECT_EQ(m1[2], 0.0f);
+  for (int r = 3; r < 9; ++r) EXPECT_EQ(m1[r], m2[r]) << r;
+  expect_has(error_of([&] { linear_fp8(x, {ws[0], ws[1]}, {}, s1, {0}); }), {"one index per weight"});
+}
+
 TEST(LinearFp8, RepeatedForwardRecordsTheAmaxOnce) {
   // A recompute region runs the forward again in backward: the step's amax is a max, not a sum.
   Fp8State st(1, Fp8Recipe{}, Device::cpu());

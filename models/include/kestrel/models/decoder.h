@@ -99,7 +99,8 @@ class Decoder {
   bool deterministic() const { return deterministic_; }
 
   // FP8 training of the layers' linear projections (q/k/v/o, gate/up/down; kestrel/ops/fp8.h): each is
-  // linear_fp8 with its own delayed-scaling rows (index layer * 7 + {q, k, v, o, gate, up, down}).
+  // linear_fp8 with its own delayed-scaling rows (index layer * 7 + {q, k, v, o, gate, up, down});
+  // q/k/v share one cast of their input (q's input row), gate/up one of theirs (gate's input row).
   // The embedding, norms, attention and the output head stay in the model's dtype. The tiled MLP is
   // refused with FP8 (its GEMMs are bf16 only). The caller rolls the state once per optimizer step
   // (fp8_state()->roll()). Off (null) by default.

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kestrel/runtime/tensor.h"
 
@@ -120,5 +121,11 @@ class Fp8State {
 // undefined (added after the GEMM, in x's dtype). Uses and updates the state's rows of linear `index`.
 // Differentiable in x, weight and bias (the gradients through the FP8 dgrad / wgrad GEMMs).
 Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index);
+// Several linears reading one input (q/k/v, gate/up): x is cast once, with the input row of
+// indices[0] (the other linears' input rows stay unused), and one X8T serves every weight gradient.
+// Each output is what linear_fp8(x, weights[i], biases[i], state, indices[i]) gives with that input
+// scale, and records its own tape entry. biases: one per weight (undefined for none) or empty.
+std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                               Fp8State& state, const std::vector<int64_t>& indices);
 
 }  // namespace kestrel
