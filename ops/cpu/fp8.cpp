@@ -48,18 +48,17 @@ void cast_cpu(const Tensor& x, const Tensor& out, const Tensor& out_t, const Ten
   const float s = *scale.data<float>();
   uint8_t* o = out.defined() ? out.data<uint8_t>() : nullptr;
   uint8_t* ot = out_t.defined() ? out_t.data<uint8_t>() : nullptr;
-  uint32_t m = 0;
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) {
-      const float v = load(x, r * C + c);
-      m = std::max(m, abs_bits(v));
-      const uint8_t q = float_to_fp8(v * s, format);
-      if (o) o[r * C + c] = q;
-      if (ot) ot[c * R + r] = q;
-    }
+  parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const uint8_t q = float_to_fp8(load(x, r * C + c) * s, format);
+        if (o) o[r * C + c] = q;
+        if (ot) ot[c * R + r] = q;
+      }
+  });
   scales_out.data<float>()[0] = s;
   scales_out.data<float>()[1] = 1.0f / s;
-  if (amax.defined()) fold_amax(amax, m);
+  if (amax.defined()) amax_cpu(x, amax);
 }
 
 void scale_cpu(const Tensor& history, const Tensor& scale, double fmax, int64_t margin) {
