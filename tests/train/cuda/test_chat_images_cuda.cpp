@@ -56,12 +56,15 @@ TEST(ChatImagesCuda, BundledSampleTrainsAndPrefetchingLeavesTheLossesUnchanged) 
 
 TEST(ChatImagesCuda, FirstStepLossMatchesTheCpu) {
   KESTREL_REQUIRE_GPU();
-  // Same seed, same data, f32: rows 0..4 (one and two images, and row 3 without: the blank-image path).
+  // Same seed, same data: rows 0..4 (one and two images, and row 3 without: the blank-image path). CUDA
+  // attention runs in bf16 only, so the GPU run is bf16 against the CPU's f32: the first step's loss is the
+  // same forward up to bf16 rounding (1e-2 relative); the next steps carry bf16 updates as well (5e-2).
   const std::vector<double> cpu = chat_run_losses("cpu", "f32", 0, 5);
-  const std::vector<double> gpu = chat_run_losses("cuda", "f32", 0, 5, {{"memory", {{"matmul_tf32", false}}}});
+  const std::vector<double> gpu = chat_run_losses("cuda", "bf16", 0, 5);
   ASSERT_EQ(cpu.size(), 5u);
   ASSERT_EQ(gpu.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(gpu[i], cpu[i], 2e-3 * std::abs(cpu[i])) << "step " << i + 1;
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], (i == 0 ? 1e-2 : 5e-2) * std::abs(cpu[i])) << "step " << i + 1;
 }
 
 }  // namespace
