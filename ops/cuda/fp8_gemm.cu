@@ -4,7 +4,11 @@
 // row-major (K-contiguous). cuBLASLt is column-major: out^T (N x M, ld N) = op(A) op(B) with A = b
 // (stored K x N, ld K, TRANSA = T) and B = a (stored K x M, ld K, TRANSB = N) — the "TN" layout that
 // cuBLASLt's FP8 kernels require on sm_90. The dequantisation factors go in as device pointers
-// (A_SCALE_POINTER / B_SCALE_POINTER), so nothing is read on the host; D (and C, unused: beta = 0)
+// (A_SCALE_POINTER / B_SCALE_POINTER), so nothing is read on the host. cuBLASLt refuses a scale pointer
+// that is not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED from cublasLtMatmul after a successful heuristic;
+// found on the H200 with a standalone A/B of the settings, 2026-12-01), and a tensor's 1/scale sits at
+// scales[1], 4 bytes in: one thread copies both factors into a 16-byte-aligned workspace first (stream
+// ordered, no host sync). D (and C, unused: beta = 0)
 // is bf16, compute f32. FAST_ACCUM skips the periodic promotion of the tensor cores' partial sums
 // to f32: faster, less accurate; linear_fp8 asks for it on the forward only.
 // The heuristic's algorithm is cached per (shapes, formats, fast_accum, alignment, device).
@@ -14,6 +18,7 @@
 
 #include "cuda/common.cuh"
 #include "kernels/fp8.h"
+#include "kestrel/runtime/memory.h"
 
 namespace kestrel::cuda_ops {
 namespace {
@@ -40,6 +45,12 @@ int alignment_of(const void* p) {
   return a;
 }
 
+// scratch[0] = the cuBLASLt A operand's (our b's) 1/scale, scratch[4] = its B operand's (our a's).
+__global__ void gather_dequant_scales(const float* b_scales, const float* a_scales, float* scratch) {
+  scratch[0] = b_scales[1];
+  scratch[4] = a_scales[1];
+}
+
 std::mutex g_fp8_cache_mutex;
 std::unordered_map<std::string, cublasLtMatmulAlgo_t> g_fp8_algo_cache;
 
@@ -52,9 +63,18 @@ void fp8_gemm_cuda(const Tensor& out, const Tensor& a, Fp8Format fa, const Tenso
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  // cuBLASLt's A is our b, its B our a: the scale pointers follow.
-  const void* sa = static_cast<const float*>(b_scales.data_ptr()) + 1;
-  const void* sb = static_cast<const float*>(a_scales.data_ptr()) + 1;
+  // cuBLASLt's A is our b, its B our a: the scale pointers follow (16-byte aligned copies, see the top).
+  Tensor scratch;
+  {
+    TagScope tag(MemoryTag::Workspace);
+    scratch = Tensor::empty({8}, DType::F32, out.device());
+  }
+  gather_dequant_scales<<<1, 1, 0, cuda::current_stream()>>>(static_cast<const float*>(b_scales.data_ptr()),
+                                                              static_cast<const float*>(a_scales.data_ptr()),
+                                                              static_cast<float*>(scratch.data_ptr()));
+  KESTREL_CUDA_CHECK_LAUNCH();
+  const void* sa = static_cast<const float*>(scratch.data_ptr());
+  const void* sb = static_cast<const float*>(scratch.data_ptr()) + 4;
   KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
   KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
   const int8_t fast = fast_accum ? 1 : 0;
