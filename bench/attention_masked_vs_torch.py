@@ -20,11 +20,12 @@ usage: python3 bench/attention_masked_vs_torch.py [--kestrel-json fam.json]
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention_vs_torch import time_ms  # CUDA-event median, the dense table's timing
 
 HEADS, PACK = 32, 65536
 
@@ -42,28 +43,13 @@ def doc_lengths(seed, pack=PACK):
     return out
 
 
-def time_ms(fn, reps=10, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def tflops(scores, d, bwd, ms):
     return 4.0 * scores * d * HEADS * (3.5 if bwd else 1.0) / (ms * 1e-3) / 1e12
 
 
 def run(label, fn):
     try:
-        return time_ms(fn)
+        return time_ms(fn, reps=10, warmup=3)
     except Exception as err:  # a backend that does not run this shape
         print(f"# {label}: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
         return None

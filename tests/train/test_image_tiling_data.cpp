@@ -21,6 +21,7 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "kestrel/train/vlm_data.h"
+#include "image_reference.h"
 #include "support/errors.h"
 #include "trainer_fixtures.h"
 
@@ -33,17 +34,7 @@ using kestrel::testing::expect_has;
 
 std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_tiling", n); }
 
-// f64 reference of nearest-pixel-centre sampling (as in test_image_tiling.cpp).
-std::vector<uint8_t> reference_resize(const Image& img, int64_t w, int64_t h) {
-  std::vector<uint8_t> out(static_cast<size_t>(w * h * 3));
-  for (int64_t y = 0; y < h; ++y)
-    for (int64_t x = 0; x < w; ++x) {
-      const int64_t sx = std::min<int64_t>(img.width - 1, static_cast<int64_t>(std::floor((x + 0.5) * img.width / double(w))));
-      const int64_t sy = std::min<int64_t>(img.height - 1, static_cast<int64_t>(std::floor((y + 0.5) * img.height / double(h))));
-      for (int k = 0; k < 3; ++k) out[(y * w + x) * 3 + k] = img.pixels[(sy * img.width + sx) * 3 + k];
-    }
-  return out;
-}
+using kestrel::testing::reference_resize;
 
 // The [S, S, 3] crop at tile (r, c) of an [h, w, 3] image.
 std::vector<uint8_t> crop(const std::vector<uint8_t>& rgb, int64_t w, int64_t r, int64_t c, int64_t S) {
