@@ -74,6 +74,22 @@ Decoder::Decoder(const TextConfig& config, DType dtype, Device device, uint64_t 
 }
 
 void Decoder::enable_fp8(const Fp8Recipe& recipe) {
+  // A second call would replace the state a recorded tape's closures still point into.
+  KESTREL_CHECK(!fp8_, "decoder", "enable_fp8 was already called on this decoder (its FP8 state may be held by a "
+                "recorded tape); enable it once");
+  KESTREL_CHECK(dtype_ == DType::BF16 || (dtype_ == DType::F32 && !device_.is_cuda()), "decoder",
+                "fp8 needs a bf16 decoder (or f32 on the CPU, emulated), got ", dtype_name(dtype_), " on ",
+                device_.str());
+  // cuBLASLt's FP8 GEMMs take leading dimensions that are multiples of 16: every projection's in and
+  // out features.
+  const std::pair<const char*, int64_t> dims[] = {
+      {"hidden_size", config_.hidden_size},
+      {"num_attention_heads * head_dim", config_.num_attention_heads * config_.head_dim},
+      {"num_key_value_heads * head_dim", config_.num_key_value_heads * config_.head_dim},
+      {"intermediate_size", config_.intermediate_size}};
+  for (const auto& [field, value] : dims)
+    KESTREL_CHECK(value % 16 == 0, "decoder", "fp8 needs ", field, " to be a multiple of 16 (cuBLASLt's FP8 "
+                  "leading dimensions), got ", value);
   KESTREL_CHECK(mlp_tile_tokens_ == 0, "decoder", "fp8 with the tiled MLP (mlp_tile_tokens ", mlp_tile_tokens_,
                 ") is not supported: the tiled MLP's GEMMs are bf16 only; set mlp_tile_tokens to 0");
   fp8_ = std::make_shared<Fp8State>(config_.num_hidden_layers * kFp8LinearsPerLayer, recipe, device_);

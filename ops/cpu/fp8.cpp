@@ -1,6 +1,7 @@
 // CPU FP8 kernels: an exact model of the CUDA ones (kernels/fp8.h). A cast multiplies in f32 (as the
 // device does) and rounds with float_to_fp8; the GEMM sums the decoded products in f64 (each product of
-// two fp8 values is exact in f32, so the only rounding is the final one to the output dtype); amax
+// two fp8 values is exact in f32, so the sum itself is exact to f64) and rounds that to f32, then to
+// bf16 for a bf16 output: the device's epilogue likewise converts its f32 result to bf16; amax
 // compares the bits of |x| as the device's atomicMax does (a NaN wins).
 #include <cfloat>
 #include <cmath>

@@ -149,6 +149,22 @@ void Fp8State::reset() {
   rolls_ = 0;
 }
 
+void Fp8State::discard() { amax_.zero_(); }
+
+void Fp8State::load(const Tensor& history, const Tensor& scale, int64_t rolls) {
+  KESTREL_CHECK(history.defined() && history.dtype() == DType::F32 && history.shape() == history_.shape(), "fp8",
+                "the saved amax history must be f32 ", history_.str(), " (", linears_, " linears x 3 roles, history ",
+                recipe_.amax_history, "), got ", history.defined() ? history.str() : std::string("undefined"));
+  KESTREL_CHECK(scale.defined() && scale.dtype() == DType::F32 && scale.shape() == scale_.shape(), "fp8",
+                "the saved scales must be f32 ", scale_.str(), ", got ",
+                scale.defined() ? scale.str() : std::string("undefined"));
+  KESTREL_CHECK(rolls >= 0, "fp8", "the saved roll count must be >= 0, got ", rolls);
+  history_.copy_(history.to(device_));
+  scale_.copy_(scale.to(device_));
+  amax_.zero_();
+  rolls_ = rolls;
+}
+
 void Fp8State::roll() {
   kernels::dispatch(kernels::fp8_roll, "fp8_roll", device_, history_, amax_);
   // Input and weight rows are e4m3; the gradient rows use the recipe's format.
@@ -172,6 +188,9 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
                 "x must be bf16 (or f32 on the CPU), got ", x.str());
   KESTREL_CHECK(x.device() == state.device(), "linear_fp8", "x on ", x.device().str(), ", state on ",
                 state.device().str());
+  KESTREL_CHECK(x.dtype() == DType::BF16 || !x.device().is_cuda(), "linear_fp8",
+                "f32 FP8 linears are emulated on the CPU only; on ", x.device().str(), " x must be bf16, got ",
+                x.str());
   const DType dt = x.dtype();
   const int64_t K = x.shape().back();
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -196,8 +215,13 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
   bool any_gw = false;
   for (const Tensor& w : weights) any_gw = any_gw || (w.requires_grad() && ag::should_record({x2, w}));
   const int64_t rx = state.row(indices[0], Fp8Role::Input);
+  // Where a cast folds its amax: the state's running amax of that row while observing, nowhere when
+  // not (evaluation, sampling: the same casts and GEMMs, the training scales untouched).
+  auto amax_slot = [](const Fp8State& s, int64_t row) {
+    return s.observing() ? s.amax().narrow_view(0, row, 1) : Tensor();
+  };
   Tensor xd = pad_rows(x2.detach(), Tp);
-  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, any_gw, state.amax().narrow_view(0, rx, 1));
+  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, any_gw, amax_slot(state, rx));
   Fp8State* st = &state;  // owned by the model, which outlives its tape
   std::vector<Tensor> outs;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -207,7 +231,7 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
     const bool record = ag::should_record({x2, weight});
     const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
     Tensor wd = weight.detach().contiguous();
-    Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, state.amax().narrow_view(0, rw, 1));
+    Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, amax_slot(state, rw));
     Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
     if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
     if (record) {
@@ -215,7 +239,7 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
       Tensor w_scales = w8.plain.scales;
       ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
         Tensor go = pad_rows(g[0].detach(), Tp);  // [Tp, N]
-        Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, st->amax().narrow_view(0, rg, 1));
+        Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, amax_slot(*st, rg));
         Tensor dx, dw;
         if (gx) {
           // W8T [K, N] with the forward's weight scale (the weight has not changed since).

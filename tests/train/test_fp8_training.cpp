@@ -7,9 +7,12 @@
 
 #include <filesystem>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "kestrel/autograd/tape.h"
+#include "kestrel/models/safetensors.h"
+#include "kestrel/train/memory_plan.h"
 #include "kestrel/models/decoder.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/train/run_config.h"
@@ -125,7 +128,160 @@ TEST(Fp8Training, RecomputeRunEqualsThePlainRunBitForBit) {
   const std::vector<double> rec = run_losses(cfg, dir + "/rec");
   ASSERT_EQ(plain.size(), 4u);
   EXPECT_EQ(plain, rec);
+  // ... and FP8 did run: the same run without it gives other losses.
+  cfg["fp8"]["enabled"] = false;
+  cfg["recompute"] = "none";
+  const std::vector<double> off = run_losses(cfg, dir + "/off");
+  ASSERT_EQ(off.size(), 4u);
+  EXPECT_NE(plain, off);
   fs::remove_all(dir);
+}
+
+// Evaluation and sampling run forwards through the FP8 projections; their amax must not reach
+// training's scales, so how often they run leaves the training losses bit for bit the same.
+TEST(Fp8Training, EvaluationCadenceLeavesTheTrainingLossesAlone) {
+  const std::string dir = tmp("eval_cadence");
+  auto cfg_for = [&](int64_t every) {
+    json cfg = testing::tiny_vlm_run(dir + "/e" + std::to_string(every), {{"steps", 5}, {"batch_size", 2}},
+                                     {{"eval_every", every}, {"sample_every", every}, {"sample_count", 2},
+                                      {"mlp_tile_tokens", 0}});
+    cfg["fp8"]["enabled"] = true;
+    return cfg;
+  };
+  const std::vector<double> none = run_losses(cfg_for(0), dir + "/e0");
+  const std::vector<double> each = run_losses(cfg_for(1), dir + "/e1");
+  const std::vector<double> second = run_losses(cfg_for(2), dir + "/e2");
+  ASSERT_EQ(none.size(), 5u);
+  EXPECT_EQ(none, each);
+  EXPECT_EQ(none, second);
+  fs::remove_all(dir);
+}
+
+// Resume restores the FP8 scaling state (histories, scales, roll count) from the checkpoint: the
+// resumed run's losses are the uninterrupted run's, bit for bit. A checkpoint whose state does not fit
+// the model's linears (another amax_history) is refused.
+TEST(Fp8Training, ResumeIsBitExactAndRefusesAMismatchedState) {
+  const std::string dir = tmp("resume");
+  json cfg = testing::tiny_decoder_run(dir, kText, 64, 9, 16, 4, "cpu");
+  cfg["train"]["steps"] = 5;
+  cfg["fp8"]["enabled"] = true;
+  cfg["mlp_tile_tokens"] = 0;
+  cfg["checkpoint_every"] = 2;
+  cfg["keep_checkpoints"] = 0;
+  cfg["prefetch"] = 0;
+  const std::vector<double> whole = run_losses(cfg, dir + "/a");
+  ASSERT_EQ(whole.size(), 5u);
+  // The run again from its step-2 checkpoint (the later ones removed).
+  fs::copy(dir + "/a", dir + "/b", fs::copy_options::recursive);
+  fs::remove_all(dir + "/b/checkpoints/step_00000004");
+  fs::remove_all(dir + "/b/checkpoints/step_00000005");
+  ASSERT_TRUE(fs::exists(dir + "/b/checkpoints/step_00000002/fp8_state.safetensors"));
+  std::vector<std::string> lines;
+  {
+    json b = cfg;
+    b["out_dir"] = dir + "/b";
+    Trainer t(b);
+    t.set_log_callback([&](const std::string& l) { lines.push_back(l); });
+    t.resume("latest");
+    t.run();
+  }
+  EXPECT_EQ(testing::metric_losses(dir + "/b"), whole);
+  for (const std::string& l : lines) EXPECT_EQ(l.find("not bit-exact"), std::string::npos) << l;
+  // Another amax history length (allowed as a config change) does not fit the saved state.
+  json c = cfg;
+  c["out_dir"] = dir + "/c";
+  c["fp8"]["amax_history"] = 4;
+  Trainer t(c);
+  t.set_log_callback([](const std::string&) {});
+  ResumeOptions allow;
+  allow.allow_config_change = true;
+  expect_has(error_of([&] { t.resume(dir + "/a/checkpoints/step_00000002", allow); }),
+             {"fp8_state.safetensors", "does not fit", "amax_history 4"});
+  fs::remove_all(dir);
+}
+
+// A step skipped by train.nonfinite "skip" drops its amax: the FP8 state rolls only for applied steps
+// (lr 1e30 blows the weights up in step 1, so steps 2 and 3 are not finite and skipped).
+TEST(Fp8Training, ASkippedStepDoesNotRollTheScales) {
+  const std::string dir = tmp("skip");
+  json cfg = testing::tiny_decoder_run(dir, kText, 64, 9, 16, 4, "cpu");
+  cfg["train"]["steps"] = 3;
+  cfg["train"]["lr"] = 1e30;
+  cfg["train"]["min_lr"] = 1e29;
+  cfg["train"]["warmup_steps"] = 0;
+  cfg["train"]["nonfinite"] = "skip";
+  cfg["fp8"]["enabled"] = true;
+  cfg["mlp_tile_tokens"] = 0;
+  cfg["checkpoint_every"] = 3;
+  cfg["out_dir"] = dir + "/out";
+  int skipped = 0;
+  {
+    Trainer t(cfg);
+    t.set_log_callback([&](const std::string& l) { skipped += l.find("update was skipped") != std::string::npos; });
+    t.run();
+  }
+  ASSERT_EQ(skipped, 2);
+  models::SafetensorsReader r =
+      models::SafetensorsReader::open(dir + "/out/checkpoints/step_00000003/fp8_state.safetensors");
+  const models::SafetensorsEntry& rolls = r.get("rolls");
+  int64_t n = -1;
+  std::memcpy(&n, rolls.bytes.data(), sizeof n);
+  EXPECT_EQ(n, 1);  // step 1 only
+  // The history holds step 1's amax and nothing after it.
+  const models::SafetensorsEntry& h = r.get("history");
+  const int64_t H = h.shape[1];
+  std::vector<float> hist(static_cast<size_t>(h.shape[0] * H));
+  std::memcpy(hist.data(), h.bytes.data(), hist.size() * sizeof(float));
+  for (int64_t row = 0; row < h.shape[0]; ++row)
+    for (int64_t j = 1; j < H; ++j) EXPECT_EQ(hist[row * H + j], 0.0f) << row << " " << j;
+  fs::remove_all(dir);
+}
+
+// fp8 with mlp_tile_tokens "auto": the planner never picks a tile (the decoder refuses one with FP8).
+TEST(Fp8Training, AutoMlpTileStaysUntiledWithFp8) {
+  const fs::path example = fs::path(__FILE__).parent_path() / ".." / ".." / "configs" / "llama_1b5_8k_selective_fp8.json";
+  std::ifstream f(example);
+  ASSERT_TRUE(f.good()) << example;
+  json cfg = resolve_train_config(json::parse(f), example.string());
+  cfg["mlp_tile_tokens"] = "auto";
+  cfg["fp8"]["enabled"] = false;
+  json untiled = cfg;
+  untiled["mlp_tile_tokens"] = 0;
+  MemoryPlan p = plan_memory(untiled);
+  // A budget the untiled MLP just fits (less than 10% to spare): auto tiles without fp8 ...
+  cfg["memory_budget"] = std::to_string(p.peak + p.external + 4096);
+  ASSERT_GT(choose_mlp_tile_tokens(cfg), 0);
+  // ... and stays untiled with it.
+  cfg["fp8"]["enabled"] = true;
+  EXPECT_EQ(choose_mlp_tile_tokens(cfg), 0);
+}
+
+// enable_fp8 refuses what it cannot run, naming the field: a dtype/device pair without FP8 GEMMs,
+// projection dims that are not multiples of 16, and a second call.
+TEST(Fp8Decoder, EnableRefusesUnsupportedModelsAndASecondCall) {
+  auto refused = [](json text, DType dt) {
+    models::Decoder dec(models::TextConfig::from_json(text), dt, Device::cpu(), 3);
+    return error_of([&] { dec.enable_fp8(Fp8Recipe{}); });
+  };
+  expect_has(refused(kText, DType::F16), {"fp8", "bf16", "f16"});
+  json t = kText;
+  t["hidden_size"] = 40;  // heads of 20
+  expect_has(refused(t, DType::F32), {"hidden_size", "multiple of 16", "40"});
+  t = kText;
+  t["num_attention_heads"] = 4;  // head_dim 8: q 32 wide, k/v 8
+  expect_has(refused(t, DType::F32), {"num_key_value_heads * head_dim", "8"});
+  t = kText;
+  t["intermediate_size"] = 72;
+  expect_has(refused(t, DType::F32), {"intermediate_size", "72"});
+  t = kText;
+  t["head_dim"] = 12;  // q 24 wide
+  t["num_key_value_heads"] = 2;
+  expect_has(refused(t, DType::F32), {"num_attention_heads * head_dim", "24"});
+  models::Decoder dec(models::TextConfig::from_json(kText), DType::F32, Device::cpu(), 3);
+  dec.enable_fp8(Fp8Recipe{});
+  expect_has(error_of([&] { dec.enable_fp8(Fp8Recipe{}); }), {"enable_fp8", "already"});
+  models::Decoder bf(models::TextConfig::from_json(kText), DType::BF16, Device::cpu(), 3);
+  bf.enable_fp8(Fp8Recipe{});  // bf16 on the CPU: supported
 }
 
 TEST(Fp8Training, TinyDecoderLossFollowsTheF32Run) {

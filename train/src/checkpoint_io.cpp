@@ -99,6 +99,16 @@ void write_optimizer_state(const fs::path& path, const AdamW& optim, OptimizerSt
   models::write_safetensors(path.string(), entries);
 }
 
+constexpr const char* kFp8StateFile = "fp8_state.safetensors";
+
+void write_fp8_state(const fs::path& path, const Fp8State& fp8) {
+  Tensor history = fp8.history().to(Device::cpu()).contiguous(), scale = fp8.scale().to(Device::cpu()).contiguous();
+  Tensor rolls = Tensor::from_vector(std::vector<int64_t>{fp8.rolls()}, {1}, DType::I64);
+  models::write_safetensors(path.string(), {{"history", history.dtype(), history.shape(), history.data_ptr()},
+                                            {"scale", scale.dtype(), scale.shape(), scale.data_ptr()},
+                                            {"rolls", rolls.dtype(), rolls.shape(), rolls.data_ptr()}});
+}
+
 // Renames tmp to final_dir; an existing final_dir (a re-run of the same step) is first renamed to
 // a hidden name and deleted only after the new folder is in place.
 void put_in_place(const fs::path& root, const fs::path& tmp, const fs::path& final_dir) {
@@ -164,7 +174,7 @@ namespace {
 // The ZeRO form of save_checkpoint (checkpoint_io.h): three phases separated by barriers.
 std::string save_checkpoint_sharded(const std::string& out_dir, int64_t step, uint64_t data_position,
                                     const models::ParameterList& params, const AdamW& optim, const json& config,
-                                    int64_t keep, OptimizerStateForm form, Communicator& comm) {
+                                    int64_t keep, OptimizerStateForm form, Communicator& comm, const Fp8State* fp8) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = checkpoint_step_name(step);
   const fs::path final_dir = root / name, tmp = hidden(root, name, ".tmp");
@@ -177,6 +187,7 @@ std::string save_checkpoint_sharded(const std::string& out_dir, int64_t step, ui
         fs::remove_all(tmp);
         fs::create_directories(tmp);
         models::save_safetensors(params, tmp.string());
+        if (fp8) write_fp8_state(tmp / kFp8StateFile, *fp8);
       }
       comm.barrier();  // the folder exists
       if (form != OptimizerStateForm::None)
@@ -216,8 +227,9 @@ std::string save_checkpoint_sharded(const std::string& out_dir, int64_t step, ui
 
 std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
                             const models::ParameterList& params, const AdamW& optim, const json& config,
-                            int64_t keep, OptimizerStateForm form, Communicator* shards) {
-  if (shards) return save_checkpoint_sharded(out_dir, step, data_position, params, optim, config, keep, form, *shards);
+                            int64_t keep, OptimizerStateForm form, Communicator* shards, const Fp8State* fp8) {
+  if (shards)
+    return save_checkpoint_sharded(out_dir, step, data_position, params, optim, config, keep, form, *shards, fp8);
   fs::path root = fs::path(out_dir) / "checkpoints";
   fs::create_directories(root);
   check_space(root, step, params, optim, form);
@@ -229,6 +241,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t d
     fs::create_directories(tmp);
     models::save_safetensors(params, tmp.string());
     if (form != OptimizerStateForm::None) write_optimizer_state(tmp / "optimizer.safetensors", optim, form);
+    if (fp8) write_fp8_state(tmp / kFp8StateFile, *fp8);
     json st{{"step", step},
             {"data_position", data_position},
             {"optimizer_steps", optim.steps()},
@@ -302,6 +315,30 @@ void load_checkpoint(const std::string& dir, const CheckpointState& cs, const mo
     }
   }
   optim.load_state(tensors, cs.optimizer_steps);
+}
+
+bool load_fp8_state(const std::string& dir, Fp8State& fp8) {
+  const fs::path path = fs::path(dir) / kFp8StateFile;
+  if (!fs::exists(path)) return false;
+  models::SafetensorsReader r = models::SafetensorsReader::open(path.string());
+  auto get = [&](const char* name) {
+    const std::vector<std::string> names = r.names();
+    KESTREL_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "checkpoint", path.string(),
+                  " has no tensor '", name, "'");
+    const models::SafetensorsEntry& e = r.get(name);
+    return Tensor::from_blob(const_cast<std::byte*>(e.bytes.data()), Shape(e.shape.begin(), e.shape.end()), e.dtype,
+                             Device::cpu());
+  };
+  const Tensor rolls = get("rolls");
+  KESTREL_CHECK(rolls.dtype() == DType::I64 && rolls.numel() == 1, "checkpoint", path.string(),
+                ": 'rolls' must be i64 [1], got ", rolls.str());
+  try {
+    fp8.load(get("history"), get("scale"), rolls.data<int64_t>()[0]);
+  } catch (const Error& e) {
+    throw make_error("checkpoint", path.string(), " does not fit this model's FP8 linears (", fp8.linears(),
+                     ", amax_history ", fp8.recipe().amax_history, "): ", e.what());
+  }
+  return true;
 }
 
 std::vector<std::string> checkpoint_folders(const std::string& out_dir) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kestrel/models/parameters.h"
+#include "kestrel/ops/fp8.h"
 #include "kestrel/runtime/communicator.h"
 #include "kestrel/train/optimizer.h"
 
@@ -53,7 +54,11 @@ uint64_t checkpoint_bytes(const models::ParameterList& params, const AdamW& opti
 std::string save_checkpoint(const std::string& out_dir, int64_t step, uint64_t data_position,
                             const models::ParameterList& params, const AdamW& optim, const nlohmann::json& config,
                             int64_t keep, OptimizerStateForm form = OptimizerStateForm::Full,
-                            Communicator* shards = nullptr);
+                            Communicator* shards = nullptr, const Fp8State* fp8 = nullptr);
+// `fp8` (fp8.enabled): its scaling state goes into fp8_state.safetensors (written by rank 0; tensors
+// "history" f32 [3L, H], "scale" f32 [3L], "rolls" i64 [1]). Loaded by load_fp8_state: false when the
+// checkpoint has no such file; an error when its shapes do not match `fp8` (another model or history).
+bool load_fp8_state(const std::string& dir, Fp8State& fp8);
 
 // "optimizer-00003-of-00008.safetensors" for rank 3 of 8.
 std::string optimizer_shard_name(int rank, int world);

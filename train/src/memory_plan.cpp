@@ -816,6 +816,7 @@ int64_t choose_mlp_tile_tokens(const json& config, const PlanOptions& options) {
   const RunConfig run = RunConfig::resolve(config);
   if (!run.mlp_tile_auto) return run.mlp_tile_tokens;
   if (!run.has_budget()) return 0;
+  if (run.fp8) return 0;  // the tiled MLP's GEMMs are bf16 only: the decoder refuses a tile with fp8
   json cfg = config;
   cfg["mlp_tile_tokens"] = 0;
   MemoryPlan untiled = plan_memory(cfg, options);

@@ -174,7 +174,11 @@ struct Trainer::Impl {
       dec->set_layer_recompute(run.recompute_selective ? models::LayerRecompute::Selective : models::LayerRecompute::Full);
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.
       int64_t tile = run.mlp_tile_tokens;
-      if (run.mlp_tile_auto) {
+      if (run.mlp_tile_auto && run.fp8) {
+        // The tiled MLP's GEMMs are bf16 only, and the decoder refuses a tile with FP8.
+        tile = 0;
+        log("mlp_tile_tokens auto: the MLP runs untiled with fp8.enabled (the tiled MLP has no FP8 GEMMs)");
+      } else if (run.mlp_tile_auto) {
         try {
           tile = choose_mlp_tile_tokens(cfg);
         } catch (const Error& e) {
@@ -427,8 +431,14 @@ struct Trainer::Impl {
       if (grad_stream) grad_stream->clear();
     }
     if (grad_reduce) comm->synchronize();  // a dead peer: an error within the timeout, not a hang
-    // FP8: this step's amax joins the histories and the scales follow (device kernels, no sync).
-    if (fp8) fp8->roll();
+    // FP8: this step's amax joins the histories and the scales follow (device kernels, no sync); a
+    // skipped step's amax is dropped, as its update is.
+    if (fp8) {
+      if (last_step_skipped)
+        fp8->discard();
+      else
+        fp8->roll();
+    }
     ++step;
     return {loss_sum, gnorm, tokens};
   }
@@ -515,6 +525,7 @@ struct Trainer::Impl {
 
   EvalResult evaluate() {
     finish_update();
+    Fp8ObserveOff off(fp8);  // evaluation's amax stays out of training's FP8 scales
     return task->evaluate();
   }
 };
@@ -625,6 +636,12 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
     I.log("resuming from " + dir + " with a changed config (--allow-config-change):" + list);
   }
   load_checkpoint(dir, st, I.task->parameters(), *I.optim);
+  // FP8: the scaling state (amax histories, scales, roll count) as it was at the checkpoint's step;
+  // one that does not fit this model's linears is refused by load_fp8_state.
+  if (I.fp8 && !load_fp8_state(dir, *I.fp8))
+    I.log("warning: the checkpoint has no FP8 scaling state (written without fp8.enabled, or by an older "
+          "version): the FP8 scales restart from the next step's amax; this resume is not bit-exact with the "
+          "uninterrupted run");
   I.step = st.step;
   I.data_position = static_cast<uint64_t>(st.data_position);
   I.resumed = true;
@@ -802,6 +819,7 @@ TrainSummary Trainer::run() {
     }
     if (sample_every > 0 && I.step % sample_every == 0 && I.step < I.total_steps) {
       I.finish_update();
+      Fp8ObserveOff off(I.fp8);  // sampling's amax stays out of training's FP8 scales
       for (auto& [want, got] : I.task->samples(sample_count)) {
         I.log("sample @ " + std::to_string(I.step) + ": " + (got == want ? "[ok]  " : "[bad] ") + "expected \"" + want +
               "\" | generated \"" + got + "\"");
@@ -811,12 +829,12 @@ TrainSummary Trainer::run() {
       I.finish_update();
       if (I.zero > 0) {  // every rank writes its optimizer shard (a failing rank aborts the group)
         std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
-                                          keep, I.checkpoint_form, I.comm.get());
+                                          keep, I.checkpoint_form, I.comm.get(), I.fp8);
         I.last_checkpoint = dir;
         I.log("checkpoint " + dir);
       } else if (I.writer()) {
         std::string dir = save_checkpoint(I.out_dir, I.step, I.data_position, I.task->parameters(), *I.optim, I.cfg,
-                                          keep, I.checkpoint_form);
+                                          keep, I.checkpoint_form, nullptr, I.fp8);
         I.last_checkpoint = dir;
         I.log("checkpoint " + dir);
       }

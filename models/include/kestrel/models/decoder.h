@@ -102,8 +102,11 @@ class Decoder {
   // linear_fp8 with its own delayed-scaling rows (index layer * 7 + {q, k, v, o, gate, up, down});
   // q/k/v share one cast of their input (q's input row), gate/up one of theirs (gate's input row).
   // The embedding, norms, attention and the output head stay in the model's dtype. The tiled MLP is
-  // refused with FP8 (its GEMMs are bf16 only). The caller rolls the state once per optimizer step
-  // (fp8_state()->roll()). Off (null) by default.
+  // refused with FP8 (its GEMMs are bf16 only). Refused too: a dtype/device pair other than bf16 (or
+  // f32 on the CPU), a projection dimension (hidden_size, heads * head_dim, kv heads * head_dim,
+  // intermediate_size) that is not a multiple of 16, and a second call. The caller rolls the state once
+  // per optimizer step (fp8_state()->roll()) and turns its observing off around forwards that are not
+  // training (Fp8ObserveOff). Off (null) by default.
   void enable_fp8(const Fp8Recipe& recipe);
   Fp8State* fp8_state() const { return fp8_.get(); }
   static constexpr int64_t kFp8LinearsPerLayer = 7;

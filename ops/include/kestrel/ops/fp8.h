@@ -102,8 +102,20 @@ class Fp8State {
   // After an optimizer step: every history shifts by one and takes this step's amax (0 when it is not
   // finite or nothing was cast), the running amax resets to 0, scales follow the new histories.
   void roll();
+  // A step whose update was not applied (train.nonfinite "skip"): its running amax is dropped (reset
+  // to 0); histories, scales and the roll count stay as they were.
+  void discard();
   // Back to the state of a fresh object (histories empty, scales 1, unseeded): e.g. after a resume.
   void reset();
+  // A checkpoint's state back in place: history [3L, H] and scale [3L] (f32, any device; copied),
+  // `rolls` >= 0; the running amax resets to 0. Shapes that do not match this state are an error.
+  void load(const Tensor& history, const Tensor& scale, int64_t rolls);
+
+  // Observing (on by default): casts fold their amax into the running amax. Off, linear_fp8 casts with
+  // the current scales but leaves the running amax (and so the next roll) untouched: evaluation and
+  // sampling forwards run off (Fp8ObserveOff), so they do not change training's scales.
+  void set_observing(bool on) { observing_ = on; }
+  bool observing() const { return observing_; }
 
   const Tensor& amax() const { return amax_; }        // f32 [3L]: this step's running max |x|
   const Tensor& history() const { return history_; }  // f32 [3L, H]: newest first
@@ -114,11 +126,31 @@ class Fp8State {
   Fp8Recipe recipe_;
   Device device_;
   int64_t rolls_ = 0;
+  bool observing_ = true;
   Tensor amax_, history_, scale_;
 };
 
+// Turns a state's observing off for a scope (evaluation, sampling) and restores it after; a null
+// state does nothing.
+class Fp8ObserveOff {
+ public:
+  explicit Fp8ObserveOff(Fp8State* state) : state_(state), was_(state && state->observing()) {
+    if (state_) state_->set_observing(false);
+  }
+  ~Fp8ObserveOff() {
+    if (state_) state_->set_observing(was_);
+  }
+  Fp8ObserveOff(const Fp8ObserveOff&) = delete;
+  Fp8ObserveOff& operator=(const Fp8ObserveOff&) = delete;
+
+ private:
+  Fp8State* state_;
+  bool was_;
+};
+
 // y = x W^T + bias through FP8 as described at the top; x [..., K], weight [N, K], bias [N] or
-// undefined (added after the GEMM, in x's dtype). Uses and updates the state's rows of linear `index`.
+// undefined (added after the GEMM, in x's dtype). Uses and updates the state's rows of linear `index`
+// (updates only while the state is observing). bf16 on CUDA; bf16 or f32 on the CPU.
 // Differentiable in x, weight and bias (the gradients through the FP8 dgrad / wgrad GEMMs).
 Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index);
 // Several linears reading one input (q/k/v, gate/up): x is cast once, with the input row of
