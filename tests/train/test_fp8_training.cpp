@@ -197,6 +197,21 @@ TEST(Fp8Training, ResumeIsBitExactAndRefusesAMismatchedState) {
   allow.allow_config_change = true;
   expect_has(error_of([&] { t.resume(dir + "/a/checkpoints/step_00000002", allow); }),
              {"fp8_state.safetensors", "does not fit", "amax_history 4"});
+  // A checkpoint without FP8 state (written with fp8 off) resumes with fp8 on, saying it is not bit-exact.
+  json off = cfg;
+  off["fp8"]["enabled"] = false;
+  off["train"]["steps"] = 2;
+  run_losses(off, dir + "/d");
+  ASSERT_FALSE(fs::exists(dir + "/d/checkpoints/step_00000002/fp8_state.safetensors"));
+  json e = cfg;
+  e["out_dir"] = dir + "/e";
+  Trainer te(e);
+  bool warned = false;
+  te.set_log_callback([&](const std::string& l) {
+    warned = warned || (l.find("no FP8 scaling state") != std::string::npos && l.find("not bit-exact") != std::string::npos);
+  });
+  te.resume(dir + "/d/checkpoints/step_00000002", allow);
+  EXPECT_TRUE(warned);
   fs::remove_all(dir);
 }
 
