@@ -2,7 +2,9 @@
 // (typed, unknown keys and tile-wise scaling refused by name, the 1.5B example config), the decoder's
 // projections recording every role's amax, the tiled MLP refused, a recompute run equal bit for bit
 // to the plain one (re-running the forward records the same amax and casts with the same scales), and a
-// tiny decoder whose FP8 losses follow the f32 run's.
+// tiny decoder whose FP8 losses follow the f32 run's. Also: evaluation/sampling cadence leaves the
+// training losses bit for bit alone, resume restores the FP8 state bit-exactly (and refuses one that
+// does not fit), a skipped step does not roll, "auto" MLP tiling stays untiled, enable_fp8's refusals.
 #include <gtest/gtest.h>
 
 #include <filesystem>
