@@ -294,6 +294,10 @@ TEST(ChatImages, RefusalsNameFileAndLine) {
       {json{{"image", json::array({"a.png", 3})}, {"conversations", user_assistant("q", "y")}}.dump(), "hold strings"},
       {json{{"conversations", {{{"from", "human"}, {"value", json::array({img_part})}}, {{"from", "gpt"}, {"value", "y"}}}}}.dump(),
        "\"value\" must be a string"},
+      // A bound on what one line can make the loader stat and encode: 256 images per conversation.
+      {json{{"image", std::vector<std::string>(257, "a.png")}, {"conversations", user_assistant("q", "y")}}.dump(),
+       "257 images in one conversation, more than 256"},
+      {msg(std::vector<json>(257, img_part)), "more than 256 images in one conversation"},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
     const std::string path = d.file("bad" + std::to_string(i) + ".jsonl");
@@ -372,6 +376,10 @@ TEST(ChatImages, PlanBoundsTheChatRun) {
   po.steps = 2;
   const MemoryPlan plan = plan_memory(cfg, po);
   EXPECT_EQ(plan.tokens, 2 * 128);
+  json none = cfg;  // seq_len at or below one image's slots: refused by name, not a division by zero
+  none["data"]["seq_len"] = 4;
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { plan_memory(none, po); }),
+                               {"data.seq_len (4)", "image-token slots"});
   json fewer = cfg;
   fewer["data"]["seq_len"] = 64;  // 16 images a row at most, and half the tokens
   EXPECT_LT(plan_memory(fewer, po).tag_peak[static_cast<int>(MemoryTag::Activation)],

@@ -131,6 +131,10 @@ TEST(DataTrust, ImageHeaderClaimingAnImpossibleSizeIsAnErrorNotBadAlloc) {
   // 65536 x 65536 is 12 GiB and wraps PNG_IMAGE_SIZE's 32-bit arithmetic to 0: refused too.
   png = png_claiming(65536, 65536);
   expect_has(error_of([&] { decode_png(png, "wrap.png"); }), {"wrap.png", "65536x65536"});
+  // Within the compression bound (the file padded to 200 KB) but above the pixel limit: refused too.
+  png = png_claiming(20000, 20000);
+  png.resize(200'000, std::byte{0});
+  expect_has(error_of([&] { decode_png(png, "bomb.png"); }), {"bomb.png", "20000x20000", "limit"});
 }
 
 TEST(DataTrust, PpmErrorsNeverQuoteTheFile) {

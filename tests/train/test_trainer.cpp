@@ -13,6 +13,7 @@
 #include "kestrel/train/token_file.h"
 #include "kestrel/train/trainer.h"
 #include "train/src/checkpoint_io.h"
+#include "support/errors.h"
 #include "trainer_fixtures.h"
 
 namespace kestrel::train {
@@ -248,6 +249,53 @@ TEST(ImageText, ErrorsNameFileAndLine) {
     f << "{\"image\": 1}\n";
   }
   EXPECT_THROW(ImageTextData(path, 16, 4, Device::cpu(), DType::F32), Error);
+  fs::remove_all(dir);
+}
+
+// Image paths stay inside the JSONL's folder (as chat data's do): absolute paths, '..', a symlink out and
+// URLs are refused naming the line.
+TEST(ImageText, ImagePathsStayInsideTheDataFolder) {
+  std::string dir = tmp("jsonl_confined");
+  std::string path = write_image_text(dir, 1, 16);
+  const std::string outside = tmp("jsonl_outside");
+  fs::create_directories(outside);
+  write_ppm(outside + "/x.ppm", std::vector<uint8_t>(16 * 16 * 3, 7), 16, 16);
+  fs::create_symlink(outside + "/x.ppm", dir + "/img/link.ppm");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {outside + "/x.ppm", "absolute path"},
+      {"../jsonl_outside/x.ppm", "climbs out of its folder"},
+      {"img/link.ppm", "outside its folder"},
+      {"http://example.com/a.png", "is a URL"},
+      {"data:image/png;base64,AAAA", "is a URL"}};
+  for (const auto& [image, why] : cases) {
+    std::ofstream(path, std::ios::trunc) << json{{"image", image}, {"text", "x"}}.dump() << "\n";
+    const std::string m = kestrel::testing::error_of([&] { ImageTextData d(path, 16, 4, Device::cpu(), DType::F32); });
+    EXPECT_NE(m.find("train.jsonl:1"), std::string::npos) << image << ": " << m;
+    EXPECT_NE(m.find(why), std::string::npos) << image << ": " << m;
+  }
+  fs::remove_all(dir);
+  fs::remove_all(outside);
+}
+
+// A VLM on image-text or chat data has no held-out captions: evaluation and samples would do nothing, and
+// byte-token captions would ignore a text tokenizer; both are refused by name.
+TEST(ImageText, SettingsThatWouldDoNothingAreRefused) {
+  std::string dir = tmp("jsonl_noeval");
+  std::string path = write_image_text(dir, 2, 16);
+  json cfg = tiny_run(dir + "/out", 2);
+  cfg["data"]["type"] = "jsonl";
+  cfg["data"]["train_files"] = path;
+  for (const char* key : {"eval_every", "sample_every"}) {
+    json c = cfg;
+    c[key] = 5;
+    const std::string m = kestrel::testing::error_of([&] { Trainer t(c); });
+    EXPECT_NE(m.find(key), std::string::npos) << m;
+    EXPECT_NE(m.find("set it to 0"), std::string::npos) << m;
+  }
+  json c = cfg;
+  c["data"]["tokenizer"] = "some/tokenizer.json";
+  const std::string m = kestrel::testing::error_of([&] { Trainer t(c); });
+  EXPECT_NE(m.find("data.tokenizer"), std::string::npos) << m;
   fs::remove_all(dir);
 }
 

@@ -37,6 +37,16 @@ int run_llava(const std::string& model_dir, const std::string& inputs_path, Devi
               const std::string& out) {
   train::LlavaFolder f = train::load_llava_folder(model_dir, dtype, dev);
   const models::SafetensorsFile in = models::SafetensorsFile::open(inputs_path);
+  // Every tensor of the inputs is used or refused: an attention mask that hides positions (left padding)
+  // would give transformers another loss than this unmasked one.
+  for (const auto& e : in.entries())
+    KESTREL_CHECK(e.name == "input_ids" || e.name == "pixel_values" || e.name == "labels" || e.name == "attention_mask",
+                  "kestrel-grad", inputs_path, " holds '", e.name, "', which kestrel-grad does not use (it reads "
+                  "input_ids, pixel_values, labels and an all-ones attention_mask)");
+  if (in.contains("attention_mask"))
+    for (int64_t v : read_tensor(in, "attention_mask").to_int_vector())
+      KESTREL_CHECK(v == 1, "kestrel-grad", inputs_path, ": attention_mask has a ", v, "; padded or masked "
+                    "positions are not supported (give unpadded rows)");
   const Tensor ids = read_tensor(in, "input_ids");
   const Tensor pixels = read_tensor(in, "pixel_values");
   Tensor labels;
@@ -78,6 +88,7 @@ int run_llava(const std::string& model_dir, const std::string& inputs_path, Devi
 int main(int argc, char** argv) {
   std::string model_dir, tokens_path, inputs_path, out = "grads.safetensors", device = "cpu", dtype = "f32";
   int64_t seq_len = 64;
+  bool seq_len_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -91,7 +102,10 @@ int main(int argc, char** argv) {
       else if (a == "--out") out = val();
       else if (a == "--device") device = val();
       else if (a == "--dtype") dtype = val();
-      else if (a == "--seq-len") seq_len = parse_integer(val(), "--seq-len", 1, std::numeric_limits<int32_t>::max());
+      else if (a == "--seq-len") {
+        seq_len = parse_integer(val(), "--seq-len", 1, std::numeric_limits<int32_t>::max());
+        seq_len_given = true;
+      }
       else {
         std::fprintf(stderr,
                      "usage: kestrel-grad --model DIR --tokens FILE [--seq-len N] [--device cpu|cuda] [--dtype f32|bf16] [--out FILE]\n"
@@ -109,6 +123,8 @@ int main(int argc, char** argv) {
     if (llava) {
       KESTREL_CHECK(!inputs_path.empty() && tokens_path.empty(), "kestrel-grad",
                     "a LLaVA folder takes --inputs FILE.safetensors (input_ids, pixel_values, labels), not --tokens");
+      KESTREL_CHECK(!seq_len_given, "kestrel-grad", "--seq-len is for --tokens; a LLaVA folder's --inputs give "
+                    "their own lengths");
       return run_llava(model_dir, inputs_path, parse_device(device), parse_dtype(dtype), out);
     }
     if (model_dir.empty() || tokens_path.empty() || !inputs_path.empty()) {

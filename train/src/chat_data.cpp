@@ -15,6 +15,9 @@ namespace {
 using nlohmann::json;
 constexpr const char* kComp = "chat_data";
 constexpr const char* kImage = "<image>";
+// Images one conversation may name (each is image_token_id slots: 729 for SigLIP at 384 px): a bound on
+// what one line can make the loader stat, decode and encode.
+constexpr size_t kMaxImagesPerConversation = 256;
 
 // Python's str.strip() on ASCII whitespace (Jinja's trim in the Llama-3 template).
 std::string strip(const std::string& s) {
@@ -78,20 +81,8 @@ ChatTemplate chat_template_from(const std::string& setting, const std::string& m
 
 namespace {
 
-// An image named by a line: a file inside the JSONL's folder (no URL of any kind), a regular file.
 std::string image_file(const std::string& dir, const std::string& name, const std::string& where) {
-  KESTREL_CHECK(!name.empty(), kComp, where, ": an image path is empty");
-  KESTREL_CHECK(name.find("://") == std::string::npos && name.rfind("data:", 0) != 0, kComp, where, ": image '",
-                name, "' is a URL; remote and inline images are not fetched: give a file path relative to the "
-                "JSONL's folder");
-  const std::string path = models::confined_path(dir, name, where, kComp);
-  std::error_code ec;  // status() never opens, so a FIFO cannot block here
-  const auto st = std::filesystem::status(path, ec);
-  KESTREL_CHECK(st.type() != std::filesystem::file_type::not_found, kComp, where, ": image '", path,
-                "' does not exist (it is not a regular file)");
-  KESTREL_CHECK(st.type() == std::filesystem::file_type::regular, kComp, where, ": image '", path,
-                "' is not a regular file (a folder, a FIFO or a device)");
-  return path;
+  return data_image_path(dir, name, where, kComp);
 }
 
 // A turn's text: a string, or (OpenAI form) an array of parts whose image parts become "<image>"
@@ -112,6 +103,8 @@ std::string turn_text(const json& content, bool parts_allowed, const std::string
                     " part ", k, " (", type, ") must be ", shape);
       return obj[key].get<std::string>();
     };
+    KESTREL_CHECK(type == "text" || images.size() < kMaxImagesPerConversation, kComp, where, ": more than ",
+                  kMaxImagesPerConversation, " images in one conversation; split it");
     if (type == "text") {
       text += string_at(part, "text", "{\"type\": \"text\", \"text\": \"...\"}");
     } else if (type == "image") {
@@ -152,6 +145,8 @@ Conversation parse_conversation(const json& j, const std::string& dir, const std
     const json& v = j[key];
     KESTREL_CHECK(v.is_string() || (v.is_array() && !v.empty()), kComp, where, ": \"", key,
                   "\" must be a string or a non-empty array of strings (paths relative to the file)");
+    KESTREL_CHECK(!v.is_array() || v.size() <= kMaxImagesPerConversation, kComp, where, ": ", v.size(),
+                  " images in one conversation, more than ", kMaxImagesPerConversation, "; split it");
     for (const json& name : v.is_string() ? json::array({v}) : v) {
       KESTREL_CHECK(name.is_string(), kComp, where, ": \"", key, "\" must hold strings (paths relative to the file)");
       c.images.push_back(image_file(dir, name.get<std::string>(), where));
@@ -318,6 +313,9 @@ ChatData::ChatData(const std::string& jsonl_path, std::shared_ptr<const TextToke
   const int64_t tpi = slots ? slots->tokens_per_image : 0;
   ChatEncoder enc(std::move(tokenizer), t, tokenizer_name, slots);
   pad_id_ = enc.pad_id();
+  KESTREL_CHECK(!vision_ || pad_id_ != slots->token_id, kComp, "the padding id ", pad_id_, " of data.tokenizer '",
+                tokenizer_name, "' is the model's image_token_id: padded rows would read as image slots (here and "
+                "in an exported LLaVA); pick another image_token_id");
   std::vector<int64_t> lengths;
   for (Conversation& c : read_conversations(jsonl_path)) {
     KESTREL_CHECK(vision_ || c.images.empty(), kComp, c.where, ": the conversation has an image ('", c.images.front(),
@@ -327,7 +325,7 @@ ChatData::ChatData(const std::string& jsonl_path, std::shared_ptr<const TextToke
     std::vector<uint8_t> slot(k.ids.size(), 0);
     for (int64_t s : k.image_starts) std::fill_n(slot.begin() + s, tpi, 1);
     for (size_t i = 0; i < k.ids.size(); ++i) {
-      KESTREL_CHECK(k.ids[i] >= 0 && k.ids[i] < vocab_size, kComp, "data.tokenizer '", tokenizer_name, "' gives id ",
+      KESTREL_CHECK(k.ids[i] >= 0 && k.ids[i] < vocab_size, kComp, c.where, ": data.tokenizer '", tokenizer_name, "' gives id ",
                     k.ids[i], " but the model's vocab_size is ", vocab_size);
       KESTREL_CHECK(!vision_ || slot[i] || k.ids[i] != slots->token_id, kComp, c.where, ": data.tokenizer '",
                     tokenizer_name, "' gives the text id ", k.ids[i], ", the model's image_token_id: it would read "

@@ -69,6 +69,9 @@ Image decode_ppm(std::span<const std::byte> b, const std::string& source) {
   img.height = ppm_int(b, pos, source, "height");
   const int64_t maxval = ppm_int(b, pos, source, "maxval");
   KESTREL_CHECK(img.width > 0 && img.height > 0, kComp, "'", source, "': bad PPM size ", img.width, "x", img.height);
+  KESTREL_CHECK(img.width <= kMaxImagePixels / img.height, kComp, "'", source, "': PPM is ", img.width, "x",
+                img.height, " pixels, more than the data path's limit of ", kMaxImagePixels,
+                " (16384 x 16384); downscale it first");
   KESTREL_CHECK(maxval >= 1 && maxval <= 255, kComp, "'", source, "': PPM maxval ", maxval,
                 " not supported (only 8-bit, maxval <= 255)");
   KESTREL_CHECK(pos < b.size(), kComp, "'", source, "': PPM has no pixel data");
@@ -107,6 +110,13 @@ Image decode_png(std::span<const std::byte> bytes, const std::string& source) {
     png_image_free(&im);
     throw make_error(kComp, "'", source, "': PNG header claims ", im.width, "x", im.height, " pixels (", need,
                      " bytes as RGB), more than a ", bytes.size(), "-byte PNG can hold");
+  }
+  // A header within the compression bound can still ask for gigabytes (a 40000 x 40000 1-bit grey PNG
+  // fits in ~200 KB); each prefetch thread would decode one.
+  if (uint64_t{im.width} * uint64_t{im.height} > static_cast<uint64_t>(kMaxImagePixels)) {
+    png_image_free(&im);
+    throw make_error(kComp, "'", source, "': PNG is ", im.width, "x", im.height, " pixels, more than the data "
+                     "path's limit of ", kMaxImagePixels, " (16384 x 16384); downscale it first");
   }
   Image img;
   img.width = im.width;

@@ -450,6 +450,8 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     // Conversations (chat_data.h): rows of seq_len, padded; a row's images vary, planned at the most a
     // row can hold (seq_len / tokens_per_image: its slots alone would fill it), an upper bound.
     const int64_t seq_len = cfg["data"]["seq_len"];
+    KESTREL_CHECK(seq_len > mc.image_tokens_per_image(), "memory_plan", "data.seq_len (", seq_len,
+                  ") must exceed one image's ", mc.image_tokens_per_image(), " image-token slots");
     s.B = B * (seq_len / mc.image_tokens_per_image());
     s.Tv = s.B * mc.vision_config.num_patches();
     s.Ti = s.B * mc.image_tokens_per_image();

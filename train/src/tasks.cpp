@@ -51,6 +51,16 @@ class VlmTask final : public Task {
     KESTREL_CHECK(type == "shapes" || type == "jsonl" || type == "chat", "train", "data.type '", type,
                   "' does not fit model.type \"vlm\"; use \"shapes\" (embedded), \"jsonl\" (image-text records) or "
                   "\"chat\" (conversation JSONL, images at <image>)");
+    // Held-out captions are scored on the shapes data only: evaluation and samples on other data would
+    // be settings that do nothing.
+    for (const char* key : {"eval_every", "sample_every"})
+      KESTREL_CHECK(type == "shapes" || cfg[key].get<int64_t>() == 0, "train", key, " is ", cfg[key].get<int64_t>(),
+                    " but data.type \"", type, "\" has no held-out captions to evaluate (only \"shapes\" does); "
+                    "set it to 0");
+    // Captions and shapes data are byte tokens; a text tokenizer would be silently ignored.
+    KESTREL_CHECK(type == "chat" || data_cfg_["tokenizer"].get<std::string>() == "byte", "train", "data.tokenizer '",
+                  data_cfg_["tokenizer"].get<std::string>(), "' is not used by data.type \"", type,
+                  "\" (its captions are byte tokens); remove it, or use data.type \"chat\" with a tokenizer");
     if (type == "jsonl") {
       const std::string path = data_cfg_["train_files"];
       KESTREL_CHECK(!path.empty(), "train", "data.train_files must name the image-text JSONL file for data.type \"jsonl\"");

@@ -86,6 +86,22 @@ models::VlmBatch make_vlm_batch(const std::vector<std::string>& captions, Tensor
 }
 // ---- image-text JSONL ----
 
+std::string data_image_path(const std::string& dir, const std::string& name, const std::string& where,
+                            const char* component) {
+  KESTREL_CHECK(!name.empty(), component, where, ": an image path is empty");
+  KESTREL_CHECK(name.find("://") == std::string::npos && name.rfind("data:", 0) != 0, component, where,
+                ": image '", name, "' is a URL; remote and inline images are not fetched: give a file path "
+                "relative to the data file's folder");
+  const std::string path = models::confined_path(dir, name, where, component);
+  std::error_code ec;  // status() never opens, so a FIFO cannot block here
+  const auto st = std::filesystem::status(path, ec);
+  KESTREL_CHECK(st.type() != std::filesystem::file_type::not_found, component, where, ": image '", path,
+                "' does not exist");
+  KESTREL_CHECK(st.type() == std::filesystem::file_type::regular, component, where, ": image '", path,
+                "' is not a regular file (a folder, a FIFO or a device)");
+  return path;
+}
+
 ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, int64_t tokens_per_image,
                              Device device, DType pixel_dtype, ImageTiling tiling)
     : image_size_(image_size),
@@ -110,12 +126,9 @@ ImageTextData::ImageTextData(const std::string& jsonl_path, int64_t image_size, 
     KESTREL_CHECK(j.is_object() && j.contains("image") && j["image"].is_string() && j.contains("text") &&
                       j["text"].is_string(),
                   "image_text", jsonl_path, ":", n, ": expected {\"image\": \"path\", \"text\": \"caption\"}");
-    fs::path img = j["image"].get<std::string>();
-    if (img.is_relative()) img = dir / img;
-    KESTREL_CHECK(fs::exists(img), "image_text", jsonl_path, ":", n, ": image '", img.string(), "' does not exist");
-    KESTREL_CHECK(fs::is_regular_file(img), "image_text", jsonl_path, ":", n, ": image '", img.string(),
-                  "' is not a regular file (a folder, FIFO or device)");
-    records_.push_back({img.string(), j["text"].get<std::string>()});
+    const std::string where = jsonl_path + ":" + std::to_string(n);
+    records_.push_back({data_image_path(dir.string(), j["image"].get<std::string>(), where, "image_text"),
+                        j["text"].get<std::string>()});
   }
   KESTREL_CHECK(!records_.empty(), "image_text", "'", jsonl_path, "' holds no records");
 }

@@ -13,6 +13,10 @@
 
 namespace kestrel::train {
 
+// The most pixels a decoded image may have (16384 x 16384, 768 MiB as RGB): larger files are refused
+// with their name, whatever their size on disk.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 28;
+
 struct Image {
   int64_t width = 0;
   int64_t height = 0;

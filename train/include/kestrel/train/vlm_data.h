@@ -48,6 +48,13 @@ std::vector<float> normalize_images(const std::vector<const uint8_t*>& images, i
 // Nearest-neighbour resize of an RGB image to S x S (identity when it already is).
 std::vector<uint8_t> resize_nearest(const Image& img, int64_t S);
 
+// An image file named by a data line (`where`: "file:line" for messages): a path relative to the data
+// file's folder `dir` that stays inside it after resolving symlinks (models::confined_path: no absolute
+// path, no '..'), no URL of any kind (remote and inline images are not fetched), and a regular file.
+// Returns the joined path. Both image data paths (image-text JSONL and chat) use it.
+std::string data_image_path(const std::string& dir, const std::string& name, const std::string& where,
+                            const char* component);
+
 class ImageTextData {
  public:
   // Reads and validates every line (errors name file:line); images are decoded when batched.
