@@ -71,6 +71,20 @@ inline void png_chunk(std::vector<uint8_t>& out, const char* type, const std::ve
   put_be32(out, png_crc32(td.data(), td.size()));
 }
 
+// A PNG file whose header says w x h 8-bit RGB, holding `idat` (a zlib stream, or anything: the
+// trust tests give headers that lie) as its one IDAT chunk.
+inline std::vector<uint8_t> png_rgb8_file(uint32_t w, uint32_t h, const std::vector<uint8_t>& idat) {
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  std::vector<uint8_t> ihdr;
+  put_be32(ihdr, w);
+  put_be32(ihdr, h);
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
+  png_chunk(png, "IHDR", ihdr);
+  png_chunk(png, "IDAT", idat);
+  png_chunk(png, "IEND", {});
+  return png;
+}
+
 // An 8-bit RGB PNG built by hand ([h, w, 3] u8 `rgb`): a zlib stream of one stored (uncompressed)
 // deflate block, so h * (3w + 1) must stay under 64 KiB.
 inline std::vector<uint8_t> encode_png_stored(const std::vector<uint8_t>& rgb, uint32_t w, uint32_t h) {
@@ -86,15 +100,7 @@ inline std::vector<uint8_t> encode_png_stored(const std::vector<uint8_t>& rgb, u
   uint32_t a = 1, b = 0;
   for (uint8_t v : raw) a = (a + v) % 65521, b = (b + a) % 65521;
   put_be32(z, (b << 16) | a);
-  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  std::vector<uint8_t> ihdr;
-  put_be32(ihdr, w);
-  put_be32(ihdr, h);
-  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
-  png_chunk(png, "IHDR", ihdr);
-  png_chunk(png, "IDAT", z);
-  png_chunk(png, "IEND", {});
-  return png;
+  return png_rgb8_file(w, h, z);
 }
 
 }  // namespace kestrel::testing

@@ -32,8 +32,6 @@ using namespace kestrel::train;
 using nlohmann::json;
 
 using kestrel::testing::FifoWatch;
-using kestrel::testing::png_chunk;
-using kestrel::testing::put_be32;
 using kestrel::testing::error_of;
 using kestrel::testing::expect_has;
 using kestrel::testing::TempDir;
@@ -50,14 +48,7 @@ json tiny_tokenizer(int64_t last_id) {
 
 // A PNG whose header claims w x h 8-bit RGB pixels, followed by a few bytes of (unused) data.
 std::vector<std::byte> png_claiming(uint32_t w, uint32_t h) {
-  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  std::vector<uint8_t> ihdr;
-  put_be32(ihdr, w);
-  put_be32(ihdr, h);
-  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
-  png_chunk(png, "IHDR", ihdr);
-  png_chunk(png, "IDAT", {0x78, 0x01, 0x03, 0x00});
-  png_chunk(png, "IEND", {});
+  const std::vector<uint8_t> png = kestrel::testing::png_rgb8_file(w, h, {0x78, 0x01, 0x03, 0x00});
   std::vector<std::byte> out(png.size());
   std::memcpy(out.data(), png.data(), png.size());
   return out;
