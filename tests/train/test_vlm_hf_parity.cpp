@@ -190,10 +190,7 @@ TEST(VlmHfParity, ExportedLlavaFolderLoadsBackBitForBit) {
   const std::string dir = testing::fresh_temp_dir("kestrel_llava", "roundtrip");
   json cfg = testing::tiny_vlm_run(dir, json::object());
   json& m = cfg["model"]["config"];
-  m["pixel_shuffle_factor"] = 1;
-  m["projector_hidden_size"] = 32;
-  m["projector_hidden_act"] = "gelu";
-  m["vision_feature_layer"] = -2;
+  testing::use_llava_computation(m, 32, -2);
   m["vision_config"]["num_hidden_layers"] = 2;
   std::unique_ptr<models::Vlm> vlm = build_vlm_for_export(cfg, "");
   for (auto& [name, t] : vlm->parameters().items())  // off the trivial init, so norms and biases are checked

@@ -194,10 +194,7 @@ TEST(VlmInit, PlannerMatchesProfileWithLlavaFeatures) {
       json cfg = testing::tiny_vlm_run(dir, {{"steps", 2}, {"batch_size", 4}, {"trainable", trainable}},
                                        {{"recompute", recompute}}, 32, 64);
       json& m = cfg["model"]["config"];
-      m["pixel_shuffle_factor"] = 1;
-      m["projector_hidden_size"] = 64;
-      m["projector_hidden_act"] = "gelu";
-      m["vision_feature_layer"] = -2;
+      testing::use_llava_computation(m, 64, -2);
       m["vision_config"]["num_hidden_layers"] = 3;
       PlanOptions po;
       po.steps = 2;
@@ -293,10 +290,7 @@ TEST(VlmExport, LlavaLayoutNamesAndConfig) {
   const std::string dir = testing::fresh_temp_dir("kestrel_export", "llava");
   json cfg = testing::tiny_vlm_run(dir, json::object());
   json& m = cfg["model"]["config"];
-  m["pixel_shuffle_factor"] = 1;
-  m["projector_hidden_size"] = 32;
-  m["projector_hidden_act"] = "gelu";
-  m["vision_feature_layer"] = -1;
+  testing::use_llava_computation(m, 32, -1);
   std::unique_ptr<models::Vlm> vlm = build_vlm_for_export(cfg, "");
   export_vlm(*vlm, dir + "/llava", "llava");
   json c = models::read_json_file(dir + "/llava/config.json");

@@ -50,6 +50,15 @@ inline nlohmann::json tiny_vlm_run(const std::string& out_dir, const nlohmann::j
   return resolve_train_config(user, "test");
 }
 
+// LLaVA's computation in a kestrel_vlm config (what `export --format llava` needs): no pixel shuffle, an
+// erf-GELU projector of width `projector_hidden_size`, features from hidden_states[feature_layer].
+inline void use_llava_computation(nlohmann::json& model_config, int64_t projector_hidden_size, int64_t feature_layer) {
+  model_config["pixel_shuffle_factor"] = 1;
+  model_config["projector_hidden_size"] = projector_hidden_size;
+  model_config["projector_hidden_act"] = "gelu";
+  model_config["vision_feature_layer"] = feature_layer;
+}
+
 // The "loss" of every line of DIR/metrics.jsonl, in order.
 inline std::vector<double> metric_losses(const std::string& out_dir) {
   std::vector<double> l;

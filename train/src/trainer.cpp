@@ -88,8 +88,8 @@ struct Trainer::Impl {
   // Checkpoint trust (checkpoint_io.h) and the non-finite policy.
   OptimizerStateForm checkpoint_form = OptimizerStateForm::Full;
   bool nonfinite_skip = false;
-  bool last_step_skipped = false;
-  Fp8State* fp8 = nullptr;  // the decoder's FP8 scaling state when fp8.enabled (rolled per step)  // "skip": the last step's update was not applied
+  bool last_step_skipped = false;  // "skip": the last step's update was not applied
+  Fp8State* fp8 = nullptr;         // the decoder's FP8 scaling state when fp8.enabled (rolled per step)
   bool resumed = false, overwrite_out_dir = false;
   std::string last_checkpoint;     // written or resumed from by this process
   // The trace's event log: kept per step (cleared when a step starts) so an OutOfBudget report
