@@ -133,12 +133,22 @@ def main():
     ap.add_argument("--work", default="runs/quality_ab")
     ap.add_argument("--out", default="bench/compact_quality")
     ap.add_argument("--set", action="append", default=[], help="key=value for both runs")
+    ap.add_argument("--a-from", default=None,
+                    help="reuse run A's losses from an earlier OUT.json of the same --a, --steps and --set "
+                         "(recipe sweeps; the summary names the file, and the final evidence re-runs both)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tokens = os.path.join(a.work, "stdlib_bytes.bin")
     corpus = build_corpus(a.work, int(a.corpus_mb * 1e6))
     doc_start = tokenize(a.bin, corpus, tokens)
-    ra = train(a.bin, a.a, a.a_label, tokens, doc_start, a.steps, os.path.join(a.work, "a"), a.set)
+    if a.a_from:
+        prev = json.load(open(a.a_from))
+        if prev["a"] != a.a or prev["steps"] != a.steps:
+            sys.exit(f"--a-from {a.a_from}: it ran {prev['a']} for {prev['steps']} steps, not {a.a} for {a.steps}")
+        ra = [tuple(r) for r in prev["losses_a"]]
+        print(f"== {a.a_label}: losses reused from {a.a_from}", flush=True)
+    else:
+        ra = train(a.bin, a.a, a.a_label, tokens, doc_start, a.steps, os.path.join(a.work, "a"), a.set)
     rb = train(a.bin, a.b, a.b_label, tokens, doc_start, a.steps, os.path.join(a.work, "b"), a.set + a.b_set)
     fa, fb = final_loss(ra), final_loss(rb)
     ratio = fb / fa
@@ -146,7 +156,7 @@ def main():
         f"{a.steps} steps on the Python stdlib (byte tokens): final loss {fa:.4f} vs {fb:.4f} ({100 * (ratio - 1):+.2f}%)",
         a.out + ".svg")
     summary = {"steps": a.steps, "a": a.a, "b": a.b, "a_label": a.a_label, "b_label": a.b_label, "b_set": a.b_set,
-               "final_loss_a": fa, "final_loss_b": fb, "ratio": ratio, "bound": a.bound,
+               "a_from": a.a_from, "final_loss_a": fa, "final_loss_b": fb, "ratio": ratio, "bound": a.bound,
                "within_bound": abs(ratio - 1) <= a.bound, "losses_a": ra, "losses_b": rb}
     with open(a.out + ".json", "w") as f:
         json.dump(summary, f)
