@@ -24,6 +24,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include "bench_common.cuh"
 #include "cuda/flash_attention/flash_attention.h"
 #include "kestrel/cuda/check.h"
 
@@ -37,20 +38,7 @@ using kestrel::cuda::FlashKernel;
 constexpr int kTokens = 16384;
 constexpr int kHeads = 32;
 
-// Deterministic pseudo-random bf16 in about [-2, 2): never zeros, no host transfer.
-__global__ void fill_random_bf16(uint16_t* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    const float f = (static_cast<float>(h & 0xffffu) / 65536.f - 0.5f) * 4.f;
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    x[i] = static_cast<uint16_t>(bits >> 16);
-  }
-}
+using kestrel::bench::fill_random_bf16;
 
 struct Buffers {
   void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *ws;
