@@ -75,24 +75,11 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
   FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
 
-  cudaEvent_t start, stop;
-  KESTREL_CUDA_CHECK(cudaEventCreate(&start));
-  KESTREL_CUDA_CHECK(cudaEventCreate(&stop));
   auto step = [&] {
     kestrel::cuda::flash_attention_forward(p, nullptr);
     if (backward) kestrel::cuda::flash_attention_backward(bp, nullptr);
   };
-  for (int i = 0; i < 3; ++i) step();  // warm-up: module load, smem attribute
-  KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
-  for (auto _ : state) {
-    KESTREL_CUDA_CHECK(cudaEventRecord(start));
-    step();
-    KESTREL_CUDA_CHECK(cudaEventRecord(stop));
-    KESTREL_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms * 1e-3);
-  }
+  kestrel::bench::time_with_events(state, step, nullptr, 3);  // warm-up: module load, smem attribute
   // Scores computed per document: T*T, causal T*T/2 (FlashAttention's count), windowed the visible area.
   const double w = window;
   const double scores = !causal ? 1.0 * T * T : window > 0 && window < T ? w * T - w * (w - 1) / 2 : 0.5 * T * T;
@@ -102,8 +89,6 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   state.SetLabel(std::string(causal ? "causal" : "bidir") + (window > 0 ? " window=" + std::to_string(window) : "") +
                  (backward ? " fwd+bwd" : " fwd") + (deterministic ? " deterministic" : "") +
                  (kernel == FlashKernel::HopperPadded ? " padded" : ""));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
   cudaFree(b.lse);
   cudaFree(b.cu);

@@ -12,6 +12,7 @@
 
 #include <functional>
 
+#include "bench_common.cuh"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/cuda/check.h"
 #include "kestrel/cuda/context.h"
@@ -25,30 +26,11 @@ namespace {
 const Device kGpu = Device::cuda(0);
 constexpr int64_t kTokens = 8192;
 
+// Times fn on the compute stream after two warm-up calls (bench_common.cuh); counters from the mean.
 void time_loop(benchmark::State& state, const std::function<void()>& fn, double flops, double bytes = 0) {
-  cudaStream_t s = cuda::current_stream();
-  cudaEvent_t a, b;
-  KESTREL_CUDA_CHECK(cudaEventCreate(&a));
-  KESTREL_CUDA_CHECK(cudaEventCreate(&b));
-  fn();  // warm-up (plans, allocator)
-  fn();
-  KESTREL_CUDA_CHECK(cudaStreamSynchronize(s));
-  double total_ms = 0;
-  for (auto _ : state) {
-    KESTREL_CUDA_CHECK(cudaEventRecord(a, s));
-    fn();
-    KESTREL_CUDA_CHECK(cudaEventRecord(b, s));
-    KESTREL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    state.SetIterationTime(ms / 1e3);
-    total_ms += ms;
-  }
-  const double per = total_ms / static_cast<double>(state.iterations()) / 1e3;  // seconds
+  const double per = bench::time_with_events(state, fn, cuda::current_stream(), 2);  // seconds
   if (flops > 0) state.counters["TFLOP/s"] = flops / per / 1e12;
   if (bytes > 0) state.counters["GB/s"] = bytes / per / 1e9;
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
 }
 
 Tensor rnd(const Shape& s, double std = 1.0) { return normal(s, 0.0, std, DType::BF16, kGpu); }

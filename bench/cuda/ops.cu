@@ -9,6 +9,7 @@
 
 #include <functional>
 
+#include "bench_common.cuh"
 #include "kestrel/runtime/memory_config.h"
 #include "kernels/norm.h"
 #include "kernels/softmax.h"
@@ -33,32 +34,12 @@ const Device kGpu = Device::cuda(0);
 constexpr int64_t kTokens = 8192, kHidden = 4096, kInter = 14336, kHeads = 32, kHeadDim = 128;
 double g_copy_gbs = 0;  // measured by BM_copy (registered first)
 
-// Times fn on the compute stream; returns milliseconds per call (median-free: Google Benchmark
-// aggregates the iterations).
+// Times fn on the compute stream (bench_common.cuh) and sets the counters from the mean time per call.
 void time_loop(benchmark::State& state, const std::function<void()>& fn, double bytes, double flops = 0) {
-  cudaStream_t s = cuda::current_stream();
-  cudaEvent_t a, b;
-  KESTREL_CUDA_CHECK(cudaEventCreate(&a));
-  KESTREL_CUDA_CHECK(cudaEventCreate(&b));
-  fn();  // warm-up (plans, allocator)
-  KESTREL_CUDA_CHECK(cudaStreamSynchronize(s));
-  double total_ms = 0;
-  for (auto _ : state) {
-    KESTREL_CUDA_CHECK(cudaEventRecord(a, s));
-    fn();
-    KESTREL_CUDA_CHECK(cudaEventRecord(b, s));
-    KESTREL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KESTREL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    state.SetIterationTime(ms / 1e3);
-    total_ms += ms;
-  }
-  double per = total_ms / static_cast<double>(state.iterations()) / 1e3;  // seconds
+  const double per = bench::time_with_events(state, fn, cuda::current_stream());  // seconds
   if (bytes > 0) state.counters["GB/s"] = bytes / per / 1e9;
   if (bytes > 0 && g_copy_gbs > 0) state.counters["pct_copy"] = 100.0 * bytes / per / 1e9 / g_copy_gbs;
   if (flops > 0) state.counters["TFLOP/s"] = flops / per / 1e12;
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
 }
 
 Tensor rnd(const Shape& s, DType dt = DType::BF16) { return normal(s, 0.0, 1.0, dt, kGpu); }
