@@ -57,8 +57,8 @@ void cast_cpu(const Tensor& x, const Tensor& out, const Tensor& out_t, const Ten
         if (ot) ot[c * R + r] = q;
       }
   });
-  scales_out.data<float>()[0] = s;
-  scales_out.data<float>()[1] = 1.0f / s;
+  scales_out.data<float>()[0] = 1.0f / s;
+  scales_out.data<float>()[1] = s;
   if (amax.defined()) amax_cpu(x, amax);
 }
 
@@ -101,7 +101,7 @@ void gemm_cpu(const Tensor& out, const Tensor& a, Fp8Format fa, const Tensor& a_
     return v;
   };
   const std::vector<float> av = decode(a, fa), bv = decode(b, fb);
-  const double scale = static_cast<double>(a_scales.data<float>()[1]) * static_cast<double>(b_scales.data<float>()[1]);
+  const double scale = static_cast<double>(a_scales.data<float>()[0]) * static_cast<double>(b_scales.data<float>()[0]);
   const bool bf16 = out.dtype() == DType::BF16;
   parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, N * K)), [&](int64_t mb, int64_t me) {
     for (int64_t m = mb; m < me; ++m)

@@ -34,8 +34,8 @@ __device__ __forceinline__ void fold_amax(unsigned* amax, uint32_t m) {
 
 __device__ __forceinline__ void write_scales(float* scales_out, float s) {
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-    scales_out[0] = s;
-    scales_out[1] = __fdiv_rn(1.0f, s);
+    scales_out[0] = __fdiv_rn(1.0f, s);
+    scales_out[1] = s;
   }
 }
 

@@ -10,14 +10,12 @@
 // epilogue. f32 runs exact f32 unless the device's MemoryConfig::matmul_tf32 is on (memory.matmul_tf32,
 // KESTREL_MATMUL_TF32; kestrel/runtime/memory_config.h): then CUBLAS_COMPUTE_32F_FAST_TF32.
 //
-// The heuristic's algorithm is cached per (shapes, layouts, dtype, alignment, epilogue, device).
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
+// The descriptor, layouts and the heuristic's algorithm are one cached plan per (shapes, layouts,
+// dtype, alignment, epilogue, device; cuda/cublaslt_plan.h); a call sets the bias pointer and launches.
 #include <string>
-#include <unordered_map>
 
 #include "cuda/common.cuh"
+#include "cuda/cublaslt_plan.h"
 #include "kernels/matmul.h"
 
 namespace kestrel::cuda_ops {
@@ -48,14 +46,6 @@ bool as_lt_operand(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t sb, LtO
   return false;
 }
 
-int alignment_of(const void* p, int64_t batch_stride_bytes, int64_t batch) {
-  uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  if (batch > 1) v |= static_cast<uintptr_t>(batch_stride_bytes);
-  int a = 256;
-  while (a > 1 && (v & (a - 1)) != 0) a >>= 1;
-  return a;
-}
-
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::BF16: return CUDA_R_16BF;
@@ -63,19 +53,6 @@ cudaDataType_t cuda_type(DType t) {
     default: return CUDA_R_32F;
   }
 }
-
-struct LtHandles {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtHandles() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
 
 void make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
                  int64_t batch_stride) {
@@ -88,9 +65,6 @@ void make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uin
                                                           &batch_stride, sizeof(batch_stride)));
   }
 }
-
-std::mutex g_cache_mutex;
-std::unordered_map<std::string, cublasLtMatmulAlgo_t> g_algo_cache;
 
 void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, double alpha,
                  double beta) {
@@ -122,75 +96,48 @@ void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cudaDataType_t ct = cuda_type(dt);
   size_t elt = dtype_size(dt);
-  int al_a = alignment_of(b.data_ptr(), la.batch_stride * static_cast<int64_t>(elt), Bg);
-  int al_b = alignment_of(a.data_ptr(), lb.batch_stride * static_cast<int64_t>(elt), Bg);
-  int al_c = alignment_of(out.data_ptr(), M * N * static_cast<int64_t>(elt), Bg);
-  if (bias.defined()) al_c = std::min(al_c, alignment_of(bias.data_ptr(), 0, 1));
-
-  LtHandles h;
-  KESTREL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&h.desc, compute, CUDA_R_32F));
-  KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_TRANSA, &la.op, sizeof(la.op)));
-  KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_TRANSB, &lb.op, sizeof(lb.op)));
-  if (bias.defined()) {
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const void* bp = bias.data_ptr();
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
-  }
-  make_layout(&h.la, ct, la.rows, la.cols, la.ld, Bg, la.batch_stride);
-  make_layout(&h.lb, ct, lb.rows, lb.cols, lb.ld, Bg, lb.batch_stride);
-  make_layout(&h.lc, ct, static_cast<uint64_t>(N), static_cast<uint64_t>(Mg), N, Bg, M * N);
+  const int al_a = lt_alignment(b.data_ptr(), la.batch_stride * static_cast<int64_t>(elt), Bg);
+  const int al_b = lt_alignment(a.data_ptr(), lb.batch_stride * static_cast<int64_t>(elt), Bg);
+  int al_c = lt_alignment(out.data_ptr(), M * N * static_cast<int64_t>(elt), Bg);
+  if (bias.defined()) al_c = std::min(al_c, lt_alignment(bias.data_ptr()));
 
   size_t ws_bytes = 0;
   void* ws = cuda::cublaslt_workspace(&ws_bytes);
   cublasLtHandle_t lt = cuda::cublaslt_handle();
-  int device = cuda::current_device();
-
-  std::string key;
-  {
-    int64_t parts[] = {static_cast<int64_t>(dt), tf32, bias.defined(), beta != 0.0, Bg, Mg, N, K,
-                       la.op, lb.op, la.ld, lb.ld, la.batch_stride, lb.batch_stride,
-                       al_a, al_b, al_c, device, static_cast<int64_t>(ws_bytes)};
-    key.assign(reinterpret_cast<const char*>(parts), sizeof(parts));
-  }
-  cublasLtMatmulAlgo_t algo;
-  bool found = false;
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mutex);
-    auto it = g_algo_cache.find(key);
-    if (it != g_algo_cache.end()) {
-      algo = it->second;
-      found = true;
-    }
-  }
-  if (!found) {
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h.pref));
-    uint64_t wsb = ws_bytes;
-    uint32_t ua = al_a, ub = al_b, uc = al_c;
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                                              sizeof(wsb)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ua,
-                                                              sizeof(ua)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ub,
-                                                              sizeof(ub)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &uc,
-                                                              sizeof(uc)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &uc,
-                                                              sizeof(uc)));
-    cublasLtMatmulHeuristicResult_t res{};
-    int count = 0;
+  const std::string key = lt_plan_key({static_cast<int64_t>(dt), tf32, bias.defined(), beta != 0.0, Bg, Mg, N, K,
+                                       la.op, lb.op, la.ld, lb.ld, la.batch_stride, lb.batch_stride, al_a, al_b,
+                                       al_c, cuda::current_device(), static_cast<int64_t>(ws_bytes)});
+  LtPlan* plan = lt_find_plan(key);
+  if (!plan) {
+    auto fresh = std::make_unique<LtPlan>();
+    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&fresh->desc, compute, CUDA_R_32F));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulAlgoGetHeuristic(lt, h.desc, h.la, h.lb, h.lc, h.lc, h.pref, 1, &res, &count));
-    KESTREL_CHECK(count > 0, "matmul", "cuBLASLt found no algorithm for ", dtype_name(dt), " [", B, ", ", M, ", ", K,
-                  "] @ [", K, ", ", N, "]");
-    algo = res.algo;
-    std::lock_guard<std::mutex> lock(g_cache_mutex);
-    g_algo_cache.emplace(key, algo);
+        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &la.op, sizeof(la.op)));
+    KESTREL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lb.op, sizeof(lb.op)));
+    if (bias.defined()) {
+      // The pointer is set per call (lt_launch); the heuristic sees this call's.
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const void* bp = bias.data_ptr();
+      KESTREL_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      KESTREL_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    }
+    make_layout(&fresh->a, ct, la.rows, la.cols, la.ld, Bg, la.batch_stride);
+    make_layout(&fresh->b, ct, lb.rows, lb.cols, lb.ld, Bg, lb.batch_stride);
+    make_layout(&fresh->c, ct, static_cast<uint64_t>(N), static_cast<uint64_t>(Mg), N, Bg, M * N);
+    lt_choose_algorithm(lt, *fresh, al_a, al_b, al_c, ws_bytes, "matmul",
+                        detail::concat(dtype_name(dt), " [", B, ", ", M, ", ", K, "] @ [", K, ", ", N, "]"));
+    plan = &lt_insert_plan(key, std::move(fresh));
   }
-  float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  KESTREL_CUBLAS_CHECK(cublasLtMatmul(lt, h.desc, &alpha_f, b.data_ptr(), h.la, a.data_ptr(), h.lb, &beta_f,
-                                      out.data_ptr(), h.lc, out.data_ptr(), h.lc, &algo, ws, ws_bytes,
-                                      cuda::current_stream()));
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  if (bias.defined())
+    lt_launch(lt, *plan, {{CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data_ptr()}}, &alpha_f, b.data_ptr(),
+              a.data_ptr(), &beta_f, out.data_ptr(), ws, ws_bytes, cuda::current_stream());
+  else
+    lt_launch(lt, *plan, {}, &alpha_f, b.data_ptr(), a.data_ptr(), &beta_f, out.data_ptr(), ws, ws_bytes,
+              cuda::current_stream());
 }
 
 }  // namespace

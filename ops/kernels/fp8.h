@@ -9,7 +9,7 @@
 namespace kestrel::kernels {
 
 // x [R, C] contiguous (f32 or bf16). out [R, C] and/or out_t [C, R] u8 contiguous (either may be
-// undefined): fp8(x * scale[0]). scales_out f32 [2] = {scale[0], 1 / scale[0]}. amax (f32 [1]) or
+// undefined): fp8(x * scale[0]). scales_out f32 [2] = {1 / scale[0], scale[0]}. amax (f32 [1]) or
 // undefined: amax = max(amax, max|x|).
 using Fp8CastFn = void(const Tensor& x, const Tensor& out, const Tensor& out_t, const Tensor& scale,
                        const Tensor& scales_out, const Tensor& amax, Fp8Format format);
@@ -21,7 +21,7 @@ using Fp8ScaleFn = void(const Tensor& history, const Tensor& scale, double fmax,
 // history [R, H]: each row shifts right by one and history[r, 0] = amax[r] when finite, else 0;
 // amax[r] = 0.
 using Fp8RollFn = void(const Tensor& history, const Tensor& amax);
-// out [M, N] (bf16; f32 too on the CPU) = (a [M, K] . b [N, K]^T) * a_scales[1] * b_scales[1].
+// out [M, N] (bf16; f32 too on the CPU) = (a [M, K] . b [N, K]^T) * a_scales[0] * b_scales[0].
 using Fp8GemmFn = void(const Tensor& out, const Tensor& a, Fp8Format fa, const Tensor& a_scales, const Tensor& b,
                        Fp8Format fb, const Tensor& b_scales, bool fast_accum);
 

@@ -81,6 +81,9 @@ Fp8CastResult fp8_cast(const Tensor& x_in, const Tensor& scale, Fp8Format format
   Tensor x = x_in.contiguous();
   const int64_t R = x.shape()[0], C = x.shape()[1];
   Fp8CastResult r;
+  // Its own allocation, the dequantisation factor first: on CUDA the caching allocator's blocks are
+  // 512-byte aligned, so scales[0] meets cuBLASLt's 16-byte rule for scale pointers and fp8_gemm passes
+  // it as is (no copy into an aligned workspace, no extra kernel per GEMM).
   Tensor scales = Tensor::empty({2}, DType::F32, x.device());
   if (plain) r.plain = {Tensor::empty({R, C}, DType::U8, x.device()), scales, format};
   if (transposed) r.transposed = {Tensor::empty({C, R}, DType::U8, x.device()), scales, format};
@@ -122,7 +125,7 @@ Tensor fp8_dequantize(const Fp8Tensor& q) {
   std::vector<uint8_t> codes(static_cast<size_t>(q.data.numel()));
   Tensor host = q.data.to(Device::cpu());
   std::copy(host.data<uint8_t>(), host.data<uint8_t>() + codes.size(), codes.begin());
-  const float inv = q.scales.to(Device::cpu()).to_float_vector()[1];
+  const float inv = q.scales.to(Device::cpu()).to_float_vector()[0];
   std::vector<float> v(codes.size());
   for (size_t i = 0; i < v.size(); ++i) v[i] = fp8_to_float(codes[i], q.format) * inv;
   return Tensor::from_vector(v, q.data.shape());
@@ -243,7 +246,7 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
         Tensor dx, dw;
         if (gx) {
           // W8T [K, N] with the forward's weight scale (the weight has not changed since).
-          Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 0, 1), fw, false, true);
+          Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 1, 1), fw, false, true);
           dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
           if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
         }

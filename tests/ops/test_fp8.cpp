@@ -145,8 +145,8 @@ TEST(Fp8Cast, WritesPlainAndTransposedCopiesAndTheAmax) {
         }
       EXPECT_EQ(amax.item(), std::max(0.25f, ref_amax(xv)));
       const std::vector<float> sc = r.plain.scales.to_float_vector();
-      EXPECT_EQ(sc[0], s);
-      EXPECT_EQ(sc[1], 1.0f / s);
+      EXPECT_EQ(sc[0], 1.0f / s);
+      EXPECT_EQ(sc[1], s);
       // Dequantised values are within half a quantum (relative 2^-4 for e4m3, 2^-3 for e5m2) of x.
       const std::vector<float> dq = fp8_dequantize(r.plain).to_float_vector();
       const double rel = f == Fp8Format::E4M3 ? 1.0 / 16 : 1.0 / 8;

@@ -1,6 +1,7 @@
 // FP8 on the GPU (kestrel/ops/fp8.h): the CUDA cast (tile and scalar paths, plain and transposed) equal
 // bit for bit to the CPU's, with the same amax and scales; the cuBLASLt FP8 GEMM against the exact
-// float64 value of the same codes, within an accumulation bound; linear_fp8 forward, dgrad and wgrad
+// float64 value of the same codes, within an accumulation bound, its cached plan reading each call's
+// scale pointers and refusing a misaligned one; linear_fp8 forward, dgrad and wgrad
 // against the CPU emulation on the same inputs at decoder shapes, before and after a roll (the
 // scales equal bit for bit on both devices, so only the GEMMs' summation order differs).
 //
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "../fp8_check.h"
 #include "kestrel/autograd/tape.h"
@@ -102,7 +104,7 @@ void expect_gemm_matches(int64_t M, int64_t N, int64_t K, Fp8Format fa, Fp8Forma
   Fp8Tensor qb = fp8_cast(b, scale_for(b, fb), fb, true, false).plain;
   const std::vector<float> out = fp8_gemm(qa, qb, DType::BF16, fast).to_float_vector();
   const std::vector<uint8_t> ca = codes(qa.data), cb = codes(qb.data);
-  const double inv = static_cast<double>(qa.scales.to_float_vector()[1]) * qb.scales.to_float_vector()[1];
+  const double inv = static_cast<double>(qa.scales.to_float_vector()[0]) * qb.scales.to_float_vector()[0];
   std::mt19937 rng(static_cast<uint32_t>(M + N + K));
   double worst = 0.0, err2 = 0.0, ref2 = 0.0;
   const double acc_bound = fast ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12) + static_cast<double>(K) * std::ldexp(1.0, -24);
@@ -145,6 +147,43 @@ TEST(Fp8GemmCuda, MatchesTheExactValueOfTheCodes) {
   expect_gemm_matches(2048, 8192, 4096, Fp8Format::E5M2, Fp8Format::E4M3, false);  // wgrad (K = tokens)
   expect_gemm_matches(512, 2048, 2048, Fp8Format::E4M3, Fp8Format::E5M2, false);
   expect_gemm_matches(16, 16, 16, Fp8Format::E4M3, Fp8Format::E4M3, false);
+}
+
+// The plan (descriptor, layouts, algorithm) is cached per shape and format, and each call sets its own
+// scale pointers: the same codes with the dequantisation factors doubled and quadrupled (powers of two:
+// exact in the f32 result and its bf16 rounding) give exactly 2 and 4 times the first product. A plan
+// that kept the first call's pointers would give the first product again.
+TEST(Fp8GemmCuda, CachedPlanReadsEachCallsScales) {
+  KESTREL_REQUIRE_GPU();
+  const int64_t M = 64, N = 32, K = 48;
+  Tensor one = Tensor::full({1}, 1.0, DType::F32, kGpu);
+  Fp8Tensor qa = fp8_cast(randn({M, K}, DType::BF16, kGpu), one, Fp8Format::E4M3, true, false).plain;
+  Fp8Tensor qb = fp8_cast(randn({N, K}, DType::BF16, kGpu), one, Fp8Format::E4M3, true, false).plain;
+  const std::vector<float> base = fp8_gemm(qa, qb, DType::BF16, false).to_float_vector();
+  for (float f : {2.0f, 4.0f}) {
+    // {1 / scale, scale}: the dequantisation factor first (fresh allocations: 16-byte aligned).
+    Fp8Tensor qa2{qa.data, Tensor::from_vector(std::vector<float>{f, 1.0f / f}, {2}).to(kGpu), qa.format};
+    const std::vector<float> got = fp8_gemm(qa2, qb, DType::BF16, false).to_float_vector();
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], f * base[i]) << "factor " << f << " element " << i;
+  }
+  double norm = 0.0;
+  for (float v : base) norm += std::fabs(v);
+  EXPECT_GT(norm, 0.0);  // a product of random codes, not zeros
+}
+
+// cuBLASLt needs 16-byte-aligned scale pointers; a view whose dequantisation factor is 4 bytes into its
+// allocation is refused by name instead of failing inside cuBLASLt.
+TEST(Fp8GemmCuda, RefusesAMisalignedScalePointer) {
+  KESTREL_REQUIRE_GPU();
+  Tensor one = Tensor::full({1}, 1.0, DType::F32, kGpu);
+  Fp8Tensor q = fp8_cast(randn({16, 16}, DType::BF16, kGpu), one, Fp8Format::E4M3, true, false).plain;
+  Fp8Tensor shifted{q.data, Tensor::full({3}, 1.0, DType::F32, kGpu).narrow_view(0, 1, 2), q.format};
+  try {
+    (void)fp8_gemm(q, shifted, DType::BF16, false);
+    FAIL() << "a misaligned scale pointer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  }
 }
 
 // linear_fp8 fwd + bwd on CUDA and on the CPU (the emulation) with the same bf16 inputs and fresh

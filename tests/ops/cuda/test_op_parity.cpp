@@ -109,6 +109,20 @@ TEST(CudaParity, Matmul) {
   run_parity({"mm_big", {{1000, 512}, {512, 1001}}, [](const V& t) { return matmul(t[0], t[1]); }, false, 0, 0, 4.0});
 }
 
+// matmul's cuBLASLt plan (descriptor, layouts, algorithm) is cached per shape and layout: calls of one
+// shape with other operands and another bias (the epilogue's pointer, set per call) each give their
+// own product, exact in f32 against f64.
+TEST(CudaParity, MatmulCachedPlanTakesEachCallsOperandsAndBias) {
+  KESTREL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (int call = 0; call < 3; ++call) {
+    Tensor x = testing::randn({37, 96}), w = testing::randn({130, 96}), b = testing::randn({130});
+    Tensor want = add(matmul(x.to(DType::F64), w.to(DType::F64), false, true), b.to(DType::F64));
+    Tensor got = linear(x.to(gpu), w.to(gpu), b.to(gpu)).to(Device::cpu()).to(DType::F64);
+    EXPECT_LE(testing::rel_l2(got, want), 1e-6) << "call " << call;
+  }
+}
+
 TEST(CudaParity, MatmulF32IsExactUnlessTf32) {
   KESTREL_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);

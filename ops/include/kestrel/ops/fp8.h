@@ -50,10 +50,12 @@ uint8_t float_to_fp8(float x, Fp8Format f);
 float fp8_to_float(uint8_t code, Fp8Format f);
 
 // A quantised tensor: codes (u8) and the scale it was cast with. The value of element i is
-// fp8_to_float(data[i]) * scales[1].
+// fp8_to_float(data[i]) * scales[0].
 struct Fp8Tensor {
   Tensor data;    // u8, contiguous [rows, cols]
-  Tensor scales;  // f32 [2]: {scale, 1 / scale} (the dequantisation factor cuBLASLt reads)
+  // f32 [2]: {1 / scale, scale}. The dequantisation factor (what cuBLASLt reads through a scale pointer,
+  // which must be 16-byte aligned) comes first, at the start of the allocation fp8_cast makes for it.
+  Tensor scales;
   Fp8Format format = Fp8Format::E4M3;
 };
 
@@ -67,7 +69,7 @@ Fp8CastResult fp8_cast(const Tensor& x, const Tensor& scale, Fp8Format format, b
                        const Tensor& amax = Tensor());
 // amax = max(amax, max|x|) (f32 [1]).
 void fp8_amax_into(const Tensor& x, const Tensor& amax);
-// out [M, N] = (a [M, K] . b [N, K]^T) * a.scales[1] * b.scales[1], rounded to out_dtype (bf16 or f32
+// out [M, N] = (a [M, K] . b [N, K]^T) * a.scales[0] * b.scales[0], rounded to out_dtype (bf16 or f32
 // on the CPU, bf16 on CUDA). M, N, K multiples of 16; a and b not both e5m2. fast_accum: cuBLASLt's
 // FP8 fast accumulation (no periodic promotion to f32; the forward only); the CPU sums exactly either way.
 Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, DType out_dtype, bool fast_accum);
