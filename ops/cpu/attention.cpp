@@ -11,6 +11,9 @@
 // dS_ij = P_ij (dout_i . v_j - delta_i), dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i,
 // dv_j = sum_i P_ij dout_i, with dk/dv also summed over the query heads of the KV group. dq runs
 // over query rows and dk/dv over key rows (each recomputes P), so no two threads write one row.
+// A block-sparse mask (p.block_mask, one document) replaces the range by a list: a row's keys are
+// those of its query block's listed key blocks (FULL: all, PARTIAL: the set bits of the row layout),
+// a key row's queries those of its key block's listed query blocks (the transposed bits).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -30,12 +33,27 @@ struct Docs {
   int64_t Hq = 0, Hkv = 0, D = 0, group = 1;
 
   std::vector<int32_t> prefix;  // [docs] prefix-LM lengths (keys), empty = none
+  // Block-sparse mask (host tensors of p.block_mask); bm_q_ptr null = none.
+  const int32_t *bm_q_ptr = nullptr, *bm_q_kblock = nullptr, *bm_q_kind = nullptr;
+  const int32_t *bm_k_ptr = nullptr, *bm_k_qblock = nullptr, *bm_k_kind = nullptr;
+  const uint32_t *bm_bits = nullptr, *bm_bits_t = nullptr;
 
   Docs(const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
        const kernels::AttentionParams& p) {
     if (p.prefix_len.defined()) {
       const int32_t* pp = p.prefix_len.data<int32_t>();
       prefix.assign(pp, pp + p.prefix_len.numel());
+    }
+    if (p.block_mask.defined()) {
+      const BlockMask& m = p.block_mask;
+      bm_q_ptr = m.q_ptr.data<int32_t>();
+      bm_q_kblock = m.q_kblock.data<int32_t>();
+      bm_q_kind = m.q_kind.data<int32_t>();
+      bm_k_ptr = m.k_ptr.data<int32_t>();
+      bm_k_qblock = m.k_qblock.data<int32_t>();
+      bm_k_kind = m.k_kind.data<int32_t>();
+      bm_bits = reinterpret_cast<const uint32_t*>(m.bits.data_ptr());
+      bm_bits_t = reinterpret_cast<const uint32_t*>(m.bits_t.data_ptr());
     }
     const int32_t* pq = cu_seqlens_q.data<int32_t>();
     const int32_t* pk = cu_seqlens_k.data<int32_t>();
@@ -66,6 +84,40 @@ struct Docs {
     const int64_t hi = std::clamp<int64_t>(diag + 1, 0, lk);
     const int64_t lo = p.window > 0 ? std::clamp<int64_t>(diag - p.window + 1, 0, lk) : 0;
     return {lo, std::max(lo, hi)};
+  }
+  // The visible local keys of local query i, increasing: the range of keys_of, or with a block mask
+  // (one document: local = global) the listed key blocks' visible keys.
+  void keys(int d, int64_t i, const kernels::AttentionParams& p, std::vector<int64_t>& out) const {
+    out.clear();
+    if (bm_q_ptr) {
+      masked_list(i, len_k(d), bm_q_ptr, bm_q_kblock, bm_q_kind, bm_bits, out);
+      return;
+    }
+    const Range r = keys_of(d, i, p);
+    for (int64_t j = r.lo; j < r.hi; ++j) out.push_back(j);
+  }
+  // The local queries that see local key j, increasing.
+  void queries(int d, int64_t j, const kernels::AttentionParams& p, std::vector<int64_t>& out) const {
+    out.clear();
+    if (bm_q_ptr) {
+      masked_list(j, len_q(d), bm_k_ptr, bm_k_qblock, bm_k_kind, bm_bits_t, out);
+      return;
+    }
+    const Range r = queries_of(d, j, p);
+    for (int64_t i = r.lo; i < r.hi; ++i) out.push_back(i);
+  }
+  // Of row x (a query in the row view, a key in the column view), the visible positions along the
+  // other axis (length n): every one of a FULL block, the set bits of a PARTIAL one.
+  static void masked_list(int64_t x, int64_t n, const int32_t* ptr, const int32_t* blocks, const int32_t* kinds,
+                          const uint32_t* bits, std::vector<int64_t>& out) {
+    constexpr int64_t kB = BlockMask::kBlock;
+    const int64_t b = x / kB, r = x % kB;
+    for (int32_t e = ptr[b]; e < ptr[b + 1]; ++e) {
+      const int64_t start = int64_t{blocks[e]} * kB, end = std::min(n, start + kB);
+      const uint32_t* row = kinds[e] >= 0 ? bits + (int64_t{kinds[e]} * kB + r) * (kB / 32) : nullptr;
+      for (int64_t y = start; y < end; ++y)
+        if (!row || ((row[(y - start) / 32] >> ((y - start) % 32)) & 1u)) out.push_back(y);
+    }
   }
   // Local queries [lo, hi) that see local key j.
   Range queries_of(int d, int64_t j, const kernels::AttentionParams& p) const {
@@ -113,11 +165,13 @@ void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q
     int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, p.max_seqlen_k * D));
     parallel_for(0, total_q * Hq, grain, [&](int64_t rb, int64_t re) {
       std::vector<double> qrow(D), acc(D), s(std::max<int64_t>(p.max_seqlen_k, 1));
+      std::vector<int64_t> keys;
+      keys.reserve(p.max_seqlen_k);
       for (int64_t r = rb; r < re; ++r) {
         int64_t t = r / Hq, h = r % Hq, hk = h / g.group;
         int d = g.doc_of_q[t];
-        const Docs::Range kr = g.keys_of(d, t - g.cu_q[d], p);
-        const int64_t n = kr.hi - kr.lo;
+        g.keys(d, t - g.cu_q[d], p, keys);
+        const int64_t n = static_cast<int64_t>(keys.size());
         T* orow = po + r * D;
         if (n == 0) {
           for (int64_t e = 0; e < D; ++e) orow[e] = elem_from_double<T>(0.0);
@@ -125,10 +179,10 @@ void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q
           continue;
         }
         load_row(qrow.data(), pq + r * D, D);
-        const int64_t k0 = g.cu_k[d] + kr.lo;  // first visible key (global row)
+        const int64_t k0 = g.cu_k[d];  // the document's first key (global row)
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < n; ++j) {
-          s[j] = p.softmax_scale * dot_row(qrow.data(), pk + ((k0 + j) * Hkv + hk) * D, D);
+          s[j] = p.softmax_scale * dot_row(qrow.data(), pk + ((k0 + keys[j]) * Hkv + hk) * D, D);
           m = std::max(m, s[j]);
         }
         double sum = 0;
@@ -136,7 +190,7 @@ void attention_forward_cpu(const Tensor& out, const Tensor& lse, const Tensor& q
         for (int64_t j = 0; j < n; ++j) {
           double e = std::exp(s[j] - m);
           sum += e;
-          const T* vrow = pv + ((k0 + j) * Hkv + hk) * D;
+          const T* vrow = pv + ((k0 + keys[j]) * Hkv + hk) * D;
           for (int64_t c = 0; c < D; ++c) acc[c] += e * elem_to_double(vrow[c]);
         }
         for (int64_t c = 0; c < D; ++c) orow[c] = elem_from_double<T>(acc[c] / sum);
@@ -174,16 +228,18 @@ void attention_backward_cpu(const Tensor& dq, const Tensor& dk, const Tensor& dv
     // dq: one query row at a time.
     parallel_for(0, total_q * Hq, grain, [&](int64_t rb, int64_t re) {
       std::vector<double> qrow(D), dorow(D), acc(D);
+      std::vector<int64_t> keys;
+      keys.reserve(p.max_seqlen_k);
       for (int64_t r = rb; r < re; ++r) {
         int64_t t = r / Hq, h = r % Hq, hk = h / g.group;
         int d = g.doc_of_q[t];
-        const Docs::Range vis = g.keys_of(d, t - g.cu_q[d], p);
+        g.keys(d, t - g.cu_q[d], p, keys);
         std::fill(acc.begin(), acc.end(), 0.0);
-        if (vis.hi > vis.lo) {
+        if (!keys.empty()) {
           load_row(qrow.data(), pq + r * D, D);
           load_row(dorow.data(), pdo + r * D, D);
           const double l = pl[r];
-          for (int64_t j = vis.lo; j < vis.hi; ++j) {
+          for (int64_t j : keys) {
             int64_t kr = (g.cu_k[d] + j) * Hkv + hk;
             double pij = std::exp(scale * dot_row(qrow.data(), pk + kr * D, D) - l);
             double ds = pij * (dot_row(dorow.data(), pv + kr * D, D) - delta[r]);
@@ -199,18 +255,20 @@ void attention_backward_cpu(const Tensor& dq, const Tensor& dk, const Tensor& dv
     int64_t kgrain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, p.max_seqlen_q * g.group * D));
     parallel_for(0, total_k * Hkv, kgrain, [&](int64_t rb, int64_t re) {
       std::vector<double> krow(D), vrow(D), dka(D), dva(D);
+      std::vector<int64_t> queries;
+      queries.reserve(p.max_seqlen_q);
       for (int64_t r = rb; r < re; ++r) {
         int64_t t = r / Hkv, hk = r % Hkv;
         int d = g.doc_of_k[t];
         int64_t j = t - g.cu_k[d];
         std::fill(dka.begin(), dka.end(), 0.0);
         std::fill(dva.begin(), dva.end(), 0.0);
-        const Docs::Range qs = g.queries_of(d, j, p);
-        if (qs.lo < qs.hi) {
+        g.queries(d, j, p, queries);
+        if (!queries.empty()) {
           load_row(krow.data(), pk + r * D, D);
           load_row(vrow.data(), pv + r * D, D);
         }
-        for (int64_t i = qs.lo; i < qs.hi; ++i) {
+        for (int64_t i : queries) {
           for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
             int64_t qr = (g.cu_q[d] + i) * Hq + h;
             const T* qp = pq + qr * D;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/registry.h"
+#include "kestrel/ops/attention.h"
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel::kernels {
@@ -23,6 +24,7 @@ struct AttentionParams {
   int64_t window = 0;        // sliding window in keys (causal only; 0 = none), see kestrel/ops/attention.h
   bool deterministic = false;  // backward: dq summed in a fixed order (bitwise reproducible)
   Tensor prefix_len;           // i32 [docs] on q's device, prefix-LM lengths (causal only); undefined = none
+  BlockMask block_mask;        // block-sparse 2-D mask on q's device (causal = false, one document); undefined = none
 };
 
 // out [total_q, Hq, D] (q's dtype), lse [total_q, Hq] f32 (-inf and out = 0 for a row with no key).

@@ -3,6 +3,8 @@
 #include "kestrel/ops/attention.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kestrel/autograd/recompute.h"
@@ -47,6 +49,51 @@ void check_prefix_len(const AttentionOptions& options, const Tensor& cu_seqlens_
                   " must be in [0, len_k = ", c[d + 1] - c[d], "]");
 }
 
+// block_mask: causal = false, no window / prefix_len, one document spanning q and k (max_seqlen =
+// the token counts), tensors of the documented dtypes and sizes on q's device; on the CPU the
+// structure is checked again (a BlockMask assembled by hand, not by make_block_mask).
+void check_block_mask(const AttentionOptions& options, const Tensor& q, const Tensor& k, const Tensor& cu_seqlens_q,
+                      int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  const BlockMask& m = options.block_mask;
+  KESTREL_CHECK(!options.causal, kOp, "block_mask combines with causal = false only (write causality into the mask)");
+  KESTREL_CHECK(options.window <= 0, kOp, "block_mask and a sliding window (", options.window,
+                ") together are not implemented");
+  KESTREL_CHECK(!options.prefix_len.defined(), kOp, "block_mask and prefix_len together are not implemented");
+  KESTREL_CHECK(cu_seqlens_q.numel() == 2, kOp, "block_mask describes one packed sequence (one document, "
+                "cu_seqlens = [0, total]), got ", cu_seqlens_q.numel() - 1, " documents");
+  KESTREL_CHECK(m.total_q == q.shape()[0] && m.total_k == k.shape()[0], kOp, "block_mask is ", m.total_q, " x ",
+                m.total_k, " tokens, q/k hold ", q.shape()[0], " x ", k.shape()[0]);
+  KESTREL_CHECK(max_seqlen_q == m.total_q && max_seqlen_k == m.total_k, kOp,
+                "with block_mask max_seqlen_q/k must equal the token counts ", m.total_q, ", ", m.total_k, ", got ",
+                max_seqlen_q, ", ", max_seqlen_k);
+  const int64_t nnz = m.nnz(), partials = m.partials();
+  auto check = [&](const Tensor& t, const char* name, const Shape& shape) {
+    KESTREL_CHECK(t.defined() && t.dtype() == DType::I32 && t.shape() == shape && t.is_contiguous(), kOp,
+                  "block_mask.", name, " must be contiguous i32 ", shape_str(shape), ", got ",
+                  t.defined() ? t.str() : std::string("undefined"));
+    KESTREL_CHECK(t.device() == q.device(), kOp, "block_mask.", name, " must be on ", q.device().str(), ", got ",
+                  t.str());
+  };
+  check(m.q_ptr, "q_ptr", {m.q_blocks() + 1});
+  check(m.q_kblock, "q_kblock", {nnz});
+  check(m.q_kind, "q_kind", {nnz});
+  check(m.k_ptr, "k_ptr", {m.k_blocks() + 1});
+  check(m.k_qblock, "k_qblock", {nnz});
+  check(m.k_kind, "k_kind", {nnz});
+  check(m.bits, "bits", {partials, BlockMask::kBlock, 4});
+  check(m.bits_t, "bits_t", {partials, BlockMask::kBlock, 4});
+  if (!q.device().is_cpu()) return;  // no device-to-host read: the kernels trust the structure
+  // The row view must be valid; the column view must be its transpose (rebuilt and compared).
+  auto vec = [](const Tensor& t) { return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel()); };
+  const std::vector<int32_t> bits = vec(m.bits);
+  const BlockMask ref = make_block_mask(m.total_q, m.total_k, vec(m.q_ptr), vec(m.q_kblock), vec(m.q_kind),
+                                        std::vector<uint32_t>(bits.begin(), bits.end()));
+  KESTREL_CHECK(vec(ref.k_ptr) == vec(m.k_ptr) && vec(ref.k_qblock) == vec(m.k_qblock) &&
+                    vec(ref.k_kind) == vec(m.k_kind) && vec(ref.bits_t) == vec(m.bits_t),
+                kOp, "block_mask's column view (k_ptr, k_qblock, k_kind, bits_t) is not the transpose of its row "
+                "view: build it with make_block_mask");
+}
+
 }  // namespace
 
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
@@ -76,6 +123,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   KESTREL_CHECK(options.window <= 0 || options.causal, kOp, "a sliding window (", options.window,
                 ") is implemented for causal attention only; pass causal = true or window = 0");
   if (options.prefix_len.defined()) check_prefix_len(options, cu_seqlens_k, q);
+  if (options.block_mask.defined()) check_block_mask(options, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k);
 
   kernels::AttentionParams p;
   p.max_seqlen_q = max_seqlen_q;
@@ -86,6 +134,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   p.window = options.window > 0 && options.window < max_seqlen_k ? options.window : 0;
   p.deterministic = options.deterministic;
   if (options.prefix_len.defined()) p.prefix_len = options.prefix_len.contiguous();
+  p.block_mask = options.block_mask;
 
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();

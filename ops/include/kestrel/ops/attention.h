@@ -14,9 +14,68 @@
 // of the scaled scores (-inf for a row with no visible key, whose output is 0).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <vector>
+
 #include "kestrel/runtime/tensor.h"
 
 namespace kestrel {
+
+// Block-sparse 2-D attention mask (the multi-token-position masks VLM stacks pack into one
+// sequence), never a T x T tensor. It describes ONE packed sequence of total_q queries x total_k
+// keys (one document: cu_seqlens_q/k = [0, total_q] / [0, total_k], max_seqlen = total; document
+// boundaries, if any, are part of the mask) cut into kBlock x kBlock tiles, kBlock = 128 fixed by
+// the library (the Hopper kernels' key tiles; their 64- and 128-row query tiles subdivide it).
+// Per query block a sorted CSR list of key blocks, each FULL (every in-range pair visible) or
+// PARTIAL (an index into `bits`); absent key blocks are skipped (the kernels do not visit them).
+// The transposed view (per key block its query blocks, for the backward) and the transposed bits
+// are built once by make_block_mask. Memory: 8 bytes per listed tile pair and view (key block and
+// entry kind), plus 4 KiB per PARTIAL pair (2 KiB of bits per row layout, 2 KiB transposed); FULL
+// and skipped pairs hold no bits. Combines with causal = false only (encode causality in the mask),
+// no window, no prefix_len; GQA is fine (one mask for every head). Key j visible to query i iff
+// block (i / 128, j / 128) is listed and is FULL or has bit (i % 128, j % 128) set.
+struct BlockMask {
+  static constexpr int64_t kBlock = 128;
+  static constexpr int32_t kFull = -1;  // entry kind of a FULL tile; >= 0: index of a PARTIAL tile's bits
+  int64_t total_q = 0, total_k = 0;
+  // Row view (forward): query block b lists key blocks q_kblock[q_ptr[b] .. q_ptr[b + 1]).
+  Tensor q_ptr;     // i32 [q_blocks + 1]
+  Tensor q_kblock;  // i32 [nnz], strictly increasing within a query block
+  Tensor q_kind;    // i32 [nnz], kFull or the PARTIAL tile's index p
+  // Column view (backward): key block b lists query blocks k_qblock[k_ptr[b] .. k_ptr[b + 1]).
+  Tensor k_ptr;     // i32 [k_blocks + 1]
+  Tensor k_qblock;  // i32 [nnz], strictly increasing within a key block
+  Tensor k_kind;    // i32 [nnz], the same kinds as the row view
+  // Bits of PARTIAL tile p (bit patterns in i32): bits[p][r][w] bit b = key 32 w + b of the tile
+  // visible to its query r; bits_t[p][c][w] bit b = query 32 w + b visible to the tile's key c.
+  // Pairs past total_q / total_k are 0.
+  Tensor bits;    // i32 [partials, 128, 4]
+  Tensor bits_t;  // i32 [partials, 128, 4]
+
+  bool defined() const { return q_ptr.defined(); }
+  int64_t q_blocks() const { return (total_q + kBlock - 1) / kBlock; }
+  int64_t k_blocks() const { return (total_k + kBlock - 1) / kBlock; }
+  int64_t nnz() const { return q_kblock.defined() ? q_kblock.numel() : 0; }
+  int64_t partials() const { return bits.defined() ? bits.shape()[0] : 0; }
+  // Every tensor moved to `device` (the kernels read the mask on q's device).
+  BlockMask to(Device device) const;
+};
+
+// Builds a BlockMask (CPU tensors) from the row view: q_ptr [q_blocks + 1], q_kblock / q_kind
+// [nnz], bits [partials * 128 * 4] (the row layout above). Validates everything (sizes, ranges,
+// sorted key blocks, every PARTIAL index used once, no bits set past total_q / total_k) and builds
+// the column view and bits_t. Throws kestrel::Error "[block_mask] ...".
+BlockMask make_block_mask(int64_t total_q, int64_t total_k, const std::vector<int32_t>& q_ptr,
+                          const std::vector<int32_t>& q_kblock, const std::vector<int32_t>& q_kind,
+                          const std::vector<uint32_t>& bits);
+// From a per-token predicate visible(i, j) (evaluated total_q x total_k times on the host; holds
+// no T x T buffer): tiles with no visible pair are skipped, tiles with all pairs visible are FULL.
+BlockMask block_mask_from_predicate(int64_t total_q, int64_t total_k,
+                                    const std::function<bool(int64_t, int64_t)>& visible);
+// From a dense boolean mask (Bool, U8 or I32; nonzero = visible) [total_q, total_k] on the CPU,
+// for tests and small inputs.
+BlockMask block_mask_from_dense(const Tensor& mask);
 
 struct AttentionOptions {
   bool causal = true;
@@ -36,6 +95,11 @@ struct AttentionOptions {
   // query i iff j <= i + len_k - len_q or j < prefix_len[doc]. Undefined = plain causal. Every
   // kernel (CPU reference, the Hopper and the mma.sync CUDA kernels).
   Tensor prefix_len;
+  // Block-sparse 2-D mask (BlockMask above; defined = on): causal = false, no window, no
+  // prefix_len, one document spanning q and k; on q's device. CPU reference and the Hopper kernels
+  // (sm_90, head dims up to 128 run at 64 or 128, bf16/f16; others refuse it; the deterministic
+  // backward is not built with it and refuses).
+  BlockMask block_mask;
 };
 
 struct AttentionOutput {

@@ -1,0 +1,319 @@
+// attention with a block-sparse 2-D mask (AttentionOptions::block_mask, kestrel::BlockMask): random
+// descriptions (skipped, FULL and PARTIAL 128 x 128 tiles, random bits, query blocks with no key
+// block, key blocks seen by no query, rows whose bits are all clear) turned into a dense boolean
+// mask by the definition, forward and backward against an independent float64 full-matrix
+// implementation, gradients by finite differences in f64; the builders (dense mask, predicate)
+// against the description; FULL everywhere = bidirectional and a causal mask = causal, exactly;
+// every argument error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kestrel/autograd/tape.h"
+#include "kestrel/ops/attention.h"
+#include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/reduce.h"
+#include "support/numerics.h"
+
+namespace kestrel {
+namespace {
+using testing::randn;
+
+constexpr int64_t kB = BlockMask::kBlock;
+
+std::vector<double> host_f64(const Tensor& t) {
+  Tensor h = t.to(DType::F64).contiguous();
+  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+}
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(b.size())));
+}
+Tensor cu(int64_t n) { return Tensor::from_vector(std::vector<int64_t>{0, n}, {2}, DType::I32); }
+
+// A random description and the dense [Tq x Tk] visibility it means (written from the definition).
+struct RandomMask {
+  int64_t tq, tk;
+  std::vector<int32_t> q_ptr{0}, q_kblock, q_kind;
+  std::vector<uint32_t> bits;
+  std::vector<char> dense;  // [tq * tk]
+  int64_t full = 0, partial = 0;
+};
+
+// density: chance that a tile pair is listed; full: chance that a listed tile is FULL. Query block
+// `empty_qb` lists nothing, key block `empty_kb` is listed by no query block (-1 = none).
+RandomMask random_mask(int64_t tq, int64_t tk, double density, double full, uint32_t seed, int64_t empty_qb = -1,
+                       int64_t empty_kb = -1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  RandomMask m{tq, tk};
+  m.dense.assign(tq * tk, 0);
+  const int64_t nqb = (tq + kB - 1) / kB, nkb = (tk + kB - 1) / kB;
+  for (int64_t qb = 0; qb < nqb; ++qb) {
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      if (qb == empty_qb || kb == empty_kb || u(rng) >= density) continue;
+      m.q_kblock.push_back(static_cast<int32_t>(kb));
+      const bool is_full = u(rng) < full;
+      const double bit_p = u(rng);  // per-tile bit density, so some tiles are sparse and some dense
+      std::vector<uint32_t> tile(kB * 4, 0);
+      for (int64_t r = 0; r < kB && qb * kB + r < tq; ++r) {
+        const bool empty_row = !is_full && r % 17 == 5;  // rows with no visible key in this tile
+        for (int64_t c = 0; c < kB && kb * kB + c < tk; ++c) {
+          const bool vis = is_full || (!empty_row && u(rng) < bit_p);
+          if (!vis) continue;
+          tile[r * 4 + c / 32] |= 1u << (c % 32);
+          m.dense[(qb * kB + r) * tk + kb * kB + c] = 1;
+        }
+      }
+      if (is_full) {
+        m.q_kind.push_back(BlockMask::kFull);
+        ++m.full;
+      } else {
+        m.q_kind.push_back(static_cast<int32_t>(m.bits.size() / (kB * 4)));
+        m.bits.insert(m.bits.end(), tile.begin(), tile.end());
+        ++m.partial;
+      }
+    }
+    m.q_ptr.push_back(static_cast<int32_t>(m.q_kblock.size()));
+  }
+  return m;
+}
+
+struct Ref {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// Full-matrix float64 forward and backward under a dense mask (one document).
+Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<char>& mask) {
+  std::vector<double> Q = host_f64(q), K = host_f64(k), V = host_f64(v), dO = host_f64(dout);
+  const int64_t nq = q.shape()[0], nk = k.shape()[0], Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2];
+  const int64_t G = Hq / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Ref r;
+  r.out.assign(Q.size(), 0.0);
+  r.dq.assign(Q.size(), 0.0);
+  r.dk.assign(K.size(), 0.0);
+  r.dv.assign(V.size(), 0.0);
+  r.lse.assign(nq * Hq, -std::numeric_limits<double>::infinity());
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t hk = h / G;
+    auto qv = [&](int64_t i, int64_t c) { return Q[(i * Hq + h) * D + c]; };
+    auto kv = [&](int64_t j, int64_t c) { return K[(j * Hkv + hk) * D + c]; };
+    auto vv = [&](int64_t j, int64_t c) { return V[(j * Hkv + hk) * D + c]; };
+    auto gv = [&](int64_t i, int64_t c) { return dO[(i * Hq + h) * D + c]; };
+    for (int64_t i = 0; i < nq; ++i) {
+      std::vector<double> s(nk, -std::numeric_limits<double>::infinity()), P(nk, 0.0), dp(nk, 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < nk; ++j) {
+        if (!mask[i * nk + j]) continue;
+        double x = 0;
+        for (int64_t c = 0; c < D; ++c) x += qv(i, c) * kv(j, c);
+        s[j] = x * scale;
+        m = std::max(m, s[j]);
+      }
+      if (std::isinf(m)) continue;
+      double z = 0;
+      for (int64_t j = 0; j < nk; ++j) z += std::exp(s[j] - m);
+      r.lse[i * Hq + h] = m + std::log(z);
+      double rowdot = 0;
+      for (int64_t j = 0; j < nk; ++j) {
+        P[j] = std::exp(s[j] - m) / z;
+        if (P[j] == 0) continue;
+        for (int64_t c = 0; c < D; ++c) {
+          r.out[(i * Hq + h) * D + c] += P[j] * vv(j, c);
+          dp[j] += gv(i, c) * vv(j, c);
+        }
+        rowdot += dp[j] * P[j];
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        if (P[j] == 0) continue;
+        const double ds = P[j] * (dp[j] - rowdot);
+        for (int64_t c = 0; c < D; ++c) {
+          r.dq[(i * Hq + h) * D + c] += scale * ds * kv(j, c);
+          r.dk[(j * Hkv + hk) * D + c] += scale * ds * qv(i, c);
+          r.dv[(j * Hkv + hk) * D + c] += P[j] * gv(i, c);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+void check(const RandomMask& rm, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {
+  SCOPED_TRACE(::testing::Message() << "Tq=" << rm.tq << " Tk=" << rm.tk << " full=" << rm.full
+                                    << " partial=" << rm.partial << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
+                                    << " " << dtype_name(dt));
+  Tensor q = randn({rm.tq, Hq, D}, dt).set_requires_grad(true);
+  Tensor k = randn({rm.tk, Hkv, D}, dt).set_requires_grad(true);
+  Tensor v = randn({rm.tk, Hkv, D}, dt).set_requires_grad(true);
+  Tensor dout = randn({rm.tq, Hq, D}, dt);
+  AttentionOptions o;
+  o.causal = false;
+  o.block_mask = make_block_mask(rm.tq, rm.tk, rm.q_ptr, rm.q_kblock, rm.q_kind, rm.bits);
+  AttentionOutput r = attention(q, k, v, cu(rm.tq), cu(rm.tk), rm.tq, rm.tk, o);
+  autograd::backward(sum(mul(r.out, dout)));
+  const Ref ref = reference(q, k, v, dout, rm.dense);
+  // Gradients in f64 are bounded by the f32 lse that the backward recomputes P from.
+  const double tol = dt == DType::F64 ? 1e-11 : 2 * testing::dtype_tolerance(dt);
+  const double gtol = dt == DType::F64 ? 1e-6 : 2 * testing::dtype_tolerance(dt);
+  EXPECT_LT(rel_err(host_f64(r.out), ref.out), tol);
+  EXPECT_LT(rel_err(host_f64(q.grad()), ref.dq), gtol);
+  EXPECT_LT(rel_err(host_f64(k.grad()), ref.dk), gtol);
+  EXPECT_LT(rel_err(host_f64(v.grad()), ref.dv), gtol);
+  const std::vector<double> lse = host_f64(r.lse), out = host_f64(r.out), dq = host_f64(q.grad());
+  int64_t empty_rows = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      ++empty_rows;
+      EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
+      for (int64_t c = 0; c < D; ++c) {  // no visible key: out 0 and dq 0, exactly
+        EXPECT_EQ(out[i * D + c], 0.0) << "row " << i;
+        EXPECT_EQ(dq[i * D + c], 0.0) << "row " << i;
+      }
+    } else {
+      EXPECT_NEAR(lse[i], ref.lse[i], 1e-5 * (1 + std::abs(ref.lse[i]))) << "row " << i;
+    }
+  }
+  EXPECT_GT(empty_rows, 0) << "the mask was meant to leave some rows without a key";
+}
+
+TEST(AttentionBlockMask, RandomMasksAgainstFullMatrixReference) {
+  // Odd token counts (partial last blocks), len_q != len_k, an empty query block and an unseen key block.
+  check(random_mask(300, 270, 0.5, 0.5, 1, /*empty_qb=*/1, /*empty_kb=*/0), 4, 2, 16, DType::F64);
+  check(random_mask(257, 400, 0.3, 0.2, 2, 2, 3), 2, 1, 8, DType::F64);
+  check(random_mask(384, 384, 0.8, 0.7, 3, 0, 2), 3, 3, 12, DType::F64);
+  check(random_mask(129, 129, 1.0, 0.0, 4, -1, -1), 2, 2, 8, DType::F64);  // every tile PARTIAL
+}
+
+TEST(AttentionBlockMask, Dtypes) {
+  check(random_mask(300, 300, 0.5, 0.5, 5, 1, 1), 4, 2, 32, DType::F32);
+  check(random_mask(200, 260, 0.6, 0.4, 6, 0, 1), 4, 1, 64, DType::BF16);
+  check(random_mask(260, 200, 0.6, 0.4, 7, 1, 0), 2, 2, 32, DType::F16);
+}
+
+TEST(AttentionBlockMask, GradcheckF64) {
+  for (uint32_t seed : {11u, 12u}) {
+    const RandomMask rm = random_mask(130, 140, 0.75, 0.5, seed);
+    AttentionOptions o;
+    o.causal = false;
+    o.block_mask = make_block_mask(rm.tq, rm.tk, rm.q_ptr, rm.q_kblock, rm.q_kind, rm.bits);
+    EXPECT_TRUE(testing::gradcheck(
+        [&](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], cu(130), cu(140), 130, 140, o).out; },
+        {randn({130, 2, 3}, DType::F64), randn({140, 1, 3}, DType::F64), randn({140, 1, 3}, DType::F64)}));
+  }
+}
+
+TEST(AttentionBlockMask, BuildersMatchTheDescription) {
+  const RandomMask rm = random_mask(300, 270, 0.5, 0.5, 21, 1, 0);
+  const BlockMask a = make_block_mask(rm.tq, rm.tk, rm.q_ptr, rm.q_kblock, rm.q_kind, rm.bits);
+  std::vector<int64_t> dense64(rm.dense.begin(), rm.dense.end());
+  const BlockMask b = block_mask_from_dense(Tensor::from_vector(dense64, {rm.tq, rm.tk}, DType::I32));
+  // The builder classifies tiles by content: listed tiles with bits all set become FULL, a PARTIAL
+  // tile with no set bit is skipped. Compare what each means, pair by pair, through the column view
+  // too (bits_t), and the row view of the dense builder to the description where kinds agree.
+  auto visible = [](const BlockMask& m, int64_t i, int64_t j, bool column) {
+    const int32_t* ptr = (column ? m.k_ptr : m.q_ptr).data<int32_t>();
+    const int32_t* blk = (column ? m.k_qblock : m.q_kblock).data<int32_t>();
+    const int32_t* kind = (column ? m.k_kind : m.q_kind).data<int32_t>();
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>((column ? m.bits_t : m.bits).data_ptr());
+    const int64_t x = column ? j : i, y = column ? i : j;
+    for (int32_t e = ptr[x / kB]; e < ptr[x / kB + 1]; ++e) {
+      if (blk[e] != y / kB) continue;
+      if (kind[e] < 0) return true;
+      return ((bits[(kind[e] * kB + x % kB) * 4 + (y % kB) / 32] >> (y % 32)) & 1u) != 0;
+    }
+    return false;
+  };
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rm.tq; ++i)
+    for (int64_t j = 0; j < rm.tk; ++j)
+      for (const BlockMask* m : {&a, &b})
+        for (bool column : {false, true}) bad += visible(*m, i, j, column) != (rm.dense[i * rm.tk + j] != 0);
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(a.nnz(), rm.full + rm.partial);
+  EXPECT_LE(b.nnz(), a.nnz());
+  // A predicate builder of a lower-triangular mask: diagonal tiles PARTIAL, the rest FULL or skipped.
+  const BlockMask c = block_mask_from_predicate(300, 300, [](int64_t i, int64_t j) { return j <= i; });
+  EXPECT_EQ(c.nnz(), 6);  // 3 query blocks: 1 + 2 + 3 tiles
+  EXPECT_EQ(c.partials(), 3);
+}
+
+TEST(AttentionBlockMask, FullMaskIsBidirectionalAndCausalMaskIsCausal) {
+  Tensor q = randn({300, 4, 16}), k = randn({300, 2, 16}), v = randn({300, 2, 16});
+  AttentionOptions bidir;
+  bidir.causal = false;
+  AttentionOptions full = bidir;
+  full.block_mask = block_mask_from_predicate(300, 300, [](int64_t, int64_t) { return true; });
+  EXPECT_EQ(full.block_mask.partials(), 0);
+  EXPECT_EQ(testing::rel_l2(attention(q, k, v, cu(300), 300, full), attention(q, k, v, cu(300), 300, bidir)), 0.0);
+  AttentionOptions causal;
+  AttentionOptions tri = bidir;
+  tri.block_mask = block_mask_from_predicate(300, 300, [](int64_t i, int64_t j) { return j <= i; });
+  EXPECT_EQ(testing::rel_l2(attention(q, k, v, cu(300), 300, tri), attention(q, k, v, cu(300), 300, causal)), 0.0);
+}
+
+template <typename F>
+void expect_error(F&& f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error for " << what;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionBlockMask, Errors) {
+  Tensor q = randn({200, 2, 8}), k = randn({200, 2, 8}), v = randn({200, 2, 8});
+  const BlockMask ok = block_mask_from_predicate(200, 200, [](int64_t i, int64_t j) { return (i + j) % 3 != 0; });
+  auto run = [&](const AttentionOptions& o) { attention(q, k, v, cu(200), 200, o); };
+  AttentionOptions o;
+  o.block_mask = ok;
+  expect_error([&] { run(o); }, "block_mask combines with causal = false only");
+  o.causal = false;
+  o.window = 16;
+  expect_error([&] { run(o); }, "is implemented for causal attention only");
+  o.window = 0;
+  expect_error([&] { attention(q, k, v, Tensor::from_vector(std::vector<int64_t>{0, 100, 200}, {3}, DType::I32), 100, o); },
+               "block_mask describes one packed sequence");
+  expect_error([&] { attention(q, k, v, cu(200), cu(200), 256, 200, o); }, "max_seqlen_q/k must equal");
+  o.block_mask = block_mask_from_predicate(200, 150, [](int64_t, int64_t) { return true; });
+  expect_error([&] { run(o); }, "block_mask is 200 x 150 tokens");
+  o.block_mask = ok;
+  o.block_mask.k_kind = ok.q_kind.clone();  // swapped view: a hand-built mask whose views disagree
+  o.block_mask.k_qblock = ok.q_kblock.clone();
+  o.block_mask.k_kind.data<int32_t>()[0] = 0;
+  expect_error([&] { run(o); }, "is not the transpose of its row view");
+  o.block_mask = ok;
+  o.block_mask.bits = Tensor();
+  expect_error([&] { run(o); }, "block_mask.bits must be contiguous i32");
+  o.block_mask = ok;
+  EXPECT_NO_THROW(run(o));
+
+  // make_block_mask's validation.
+  const std::vector<uint32_t> none;
+  std::vector<uint32_t> one(kB * 4, 0);
+  one[0] = 1;
+  expect_error([&] { make_block_mask(200, 200, {0, 1}, {0}, {-1}, none); }, "q_ptr must have q_blocks + 1 = 3");
+  expect_error([&] { make_block_mask(200, 200, {0, 2, 1}, {0, 1}, {-1, -1}, none); }, "q_ptr must be non-decreasing");
+  expect_error([&] { make_block_mask(200, 200, {0, 1, 1}, {2}, {-1}, none); }, "lists key block 2, out of [0, 2)");
+  expect_error([&] { make_block_mask(200, 200, {0, 2, 2}, {1, 0}, {-1, -1}, none); }, "strictly increasing");
+  expect_error([&] { make_block_mask(200, 200, {0, 1, 1}, {0}, {1}, one); }, "is neither kFull (-1) nor a PARTIAL");
+  expect_error([&] { make_block_mask(200, 200, {0, 0, 0}, {}, {}, one); }, "PARTIAL bits 0 used by no tile");
+  expect_error([&] { make_block_mask(200, 200, {0, 1, 2}, {0, 0}, {0, 0}, one); }, "PARTIAL bits 0 used by two tiles");
+  std::vector<uint32_t> past(kB * 4, 0);
+  past[100 * 4] = 1;  // query row 128 + 100 = 228 >= 200
+  expect_error([&] { make_block_mask(200, 200, {0, 0, 1}, {1}, {0}, past); }, "set a bit past total_q / total_k");
+  expect_error([&] { make_block_mask(200, 200, {0, 0, 0}, {}, {}, std::vector<uint32_t>(7)); }, "whole tiles");
+}
+
+}  // namespace
+}  // namespace kestrel
