@@ -126,6 +126,15 @@ ncclDataType_t nccl_type(DType d) {
   throw make_error("internal", "no NCCL reduction type for ", dtype_name(d));
 }
 
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  throw make_error("internal", "no NCCL reduction for op ", static_cast<int>(op));
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const std::vector<uint8_t>& id_bytes, int rank, int world, int device, const CommOptions& opt)
@@ -186,7 +195,7 @@ class NcclCommunicator final : public Communicator {
     comm_detail::check_tensor("all_reduce", t, true, Device::cuda(device_));
     auto s = begin({&t});
     KESTREL_NCCL_CHECK(nccl().AllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                                     op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_, stream_));
+                                     nccl_op(op), comm_, stream_));
     end("all_reduce");
   }
 
@@ -196,7 +205,7 @@ class NcclCommunicator final : public Communicator {
     comm_detail::check_split("reduce_scatter", input, output, world_);
     auto s = begin({&input, &output});
     KESTREL_NCCL_CHECK(nccl().ReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
-                                         nccl_type(input.dtype()), op == ReduceOp::Avg ? ncclAvg : ncclSum, comm_,
+                                         nccl_type(input.dtype()), nccl_op(op), comm_,
                                          stream_));
     end("reduce_scatter");
   }
@@ -223,7 +232,7 @@ class NcclCommunicator final : public Communicator {
     KESTREL_CHECK(root >= 0 && root < world_, "comm", "reduce: root ", root, " is not a rank of a group of ", world_);
     auto s = begin({&t});
     KESTREL_NCCL_CHECK(nccl().Reduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                                  op == ReduceOp::Avg ? ncclAvg : ncclSum, root, comm_, stream_));
+                                  nccl_op(op), root, comm_, stream_));
     end("reduce");
   }
 

@@ -6,13 +6,15 @@
 //   because their owners wait at the second barrier before returning;
 // - reductions: rank r reduces its share [r*n/N, (r+1)*n/N) of the elements into the group's
 //   scratch, adding the ranks' values in rank order 0..N-1 in f32 (f64 for f64), the mean divides
-//   that sum by N; after the second barrier every rank rounds the scratch into its output once. The
+//   that sum by N (the max takes the largest value, NaN when any rank's is); after the second barrier every rank rounds the scratch into its output once. The
 //   order is fixed, so results are bit-identical run to run and equal the serial reference;
 // - a rank that does not arrive within the timeout fails the waiting ranks naming it and aborts the
 //   group (later collectives fail at once); abort() does the same with the caller's reason.
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "comm_common.h"
@@ -195,6 +197,13 @@ class InProcessCommunicator final : public Communicator {
     }
   }
 
+  // acc folded with the next rank's value: a sum (Sum, Avg) or the max with NaN winning (Max).
+  template <typename T>
+  static T combine(T acc, T v, ReduceOp op) {
+    if (op != ReduceOp::Max) return acc + v;
+    return std::isnan(acc) || std::isnan(v) ? std::numeric_limits<T>::quiet_NaN() : std::max(acc, v);
+  }
+
   // Reduces the ranks' `count` inputs; this rank receives elements [first, first + n) in `out`.
   // `root`: reduce's (the ranks must agree on it, as on broadcast's); 0 for the others.
   void reduce(const char* what, const void* in, void* out, DType dt, int64_t count, int64_t n, int64_t first,
@@ -217,11 +226,11 @@ class InProcessCommunicator final : public Communicator {
     for (int64_t i = lo; i < hi; ++i) {
       if (wide) {
         double acc = load(e[0].in, dt, i);
-        for (int r = 1; r < world; ++r) acc += load(e[r].in, dt, i);
+        for (int r = 1; r < world; ++r) acc = combine(acc, load(e[r].in, dt, i), op);
         s[i] = op == ReduceOp::Avg ? acc / world : acc;
       } else {
         float acc = static_cast<float>(load(e[0].in, dt, i));
-        for (int r = 1; r < world; ++r) acc += static_cast<float>(load(e[r].in, dt, i));
+        for (int r = 1; r < world; ++r) acc = combine(acc, static_cast<float>(load(e[r].in, dt, i)), op);
         s[i] = op == ReduceOp::Avg ? acc / static_cast<float>(world) : acc;
       }
     }

@@ -6,6 +6,7 @@
 // rank (an error naming it within the timeout) and an abort carrying the failing rank's message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -67,7 +68,10 @@ std::vector<Tensor> random_inputs(int world, int64_t n, DType dt, std::mt19937_6
   return out;
 }
 
-// The reference: rank-order f32 sum (f64 for f64), the mean divides it, rounded once to the dtype.
+// The reference: rank-order f32 sum (f64 for f64), the mean divides it, rounded once to the dtype;
+// the max is the largest value (NaN when any is NaN).
+double max_or_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
+
 Tensor serial_reduce(const std::vector<Tensor>& in, ReduceOp op) {
   const int world = static_cast<int>(in.size());
   const int64_t n = in[0].numel();
@@ -77,11 +81,14 @@ Tensor serial_reduce(const std::vector<Tensor>& in, ReduceOp op) {
   for (int64_t i = 0; i < n; ++i) {
     if (in[0].dtype() == DType::F64) {
       double acc = v[0][i];
-      for (int r = 1; r < world; ++r) acc += v[r][i];
+      for (int r = 1; r < world; ++r) acc = op == ReduceOp::Max ? max_or_nan(acc, v[r][i]) : acc + v[r][i];
       out[i] = op == ReduceOp::Avg ? acc / world : acc;
     } else {
       float acc = static_cast<float>(v[0][i]);
-      for (int r = 1; r < world; ++r) acc += static_cast<float>(v[r][i]);
+      for (int r = 1; r < world; ++r) {
+        const float x = static_cast<float>(v[r][i]);
+        acc = op == ReduceOp::Max ? static_cast<float>(max_or_nan(acc, x)) : acc + x;
+      }
       out[i] = op == ReduceOp::Avg ? acc / static_cast<float>(world) : acc;
     }
   }
@@ -104,7 +111,7 @@ TEST(InProcessComm, AllReduceEqualsSerialReferenceBitwise) {
   std::mt19937_64 rng(fresh_seed());
   for (Case c : {Case{1, 5}, Case{2, 1}, Case{2, 1000}, Case{3, 7}, Case{3, 1001}, Case{4, 4099}, Case{5, 13}})
     for (DType dt : {DType::F32, DType::BF16, DType::F64})
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         auto in = random_inputs(c.world, c.n, dt, rng);
         Tensor want = serial_reduce(in, op);
         // The reference against an f64 sum: it is the reduction it claims to be.
@@ -113,6 +120,10 @@ TEST(InProcessComm, AllReduceEqualsSerialReferenceBitwise) {
             double s = 0;
             for (const auto& t : in) s += t.data<float>()[i];
             if (op == ReduceOp::Avg) s /= c.world;
+            if (op == ReduceOp::Max) {
+              s = -INFINITY;
+              for (const auto& t : in) s = std::max(s, static_cast<double>(t.data<float>()[i]));
+            }
             ASSERT_NEAR(want.data<float>()[i], s, 1e-5 * (1 + std::fabs(s)));
           }
         }
@@ -123,6 +134,24 @@ TEST(InProcessComm, AllReduceEqualsSerialReferenceBitwise) {
           expect_bitwise(got[r], want, "world " + std::to_string(c.world) + " n " + std::to_string(c.n) + " " +
                                            std::string(dtype_name(dt)) + " rank " + std::to_string(r));
       }
+}
+
+// The max of the FP8 amax reduction: the largest value, whichever rank holds it; a NaN anywhere wins
+// (an infinity is a value like any other), so every rank receives the same result.
+TEST(InProcessComm, MaxTakesTheLargestValueAndNanWins) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<Tensor> got = {Tensor::from_vector(std::vector<float>{1.f, -3.f, 0.f, nan, 2.f}, {5}),
+                             Tensor::from_vector(std::vector<float>{0.5f, -2.f, inf, 1.f, 2.f}, {5}),
+                             Tensor::from_vector(std::vector<float>{4.f, -5.f, 1.f, 1.f, nan}, {5})};
+  expect_no_errors(run_ranks(3, [&](Communicator& comm) { comm.all_reduce(got[comm.rank()], ReduceOp::Max); }));
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<float> v = got[r].to_float_vector();
+    EXPECT_EQ(v[0], 4.f);
+    EXPECT_EQ(v[1], -2.f);
+    EXPECT_EQ(v[2], inf);
+    EXPECT_TRUE(std::isnan(v[3]));
+    EXPECT_TRUE(std::isnan(v[4]));
+  }
 }
 
 TEST(InProcessComm, ReduceScatterAllGatherBroadcastBarrier) {

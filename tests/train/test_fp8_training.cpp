@@ -4,7 +4,7 @@
 // to the plain one (re-running the forward records the same amax and casts with the same scales), and a
 // tiny decoder whose FP8 losses follow the f32 run's. Also: evaluation/sampling cadence leaves the
 // training losses bit for bit alone, resume restores the FP8 state bit-exactly (and refuses one that
-// does not fit), a skipped step does not roll, "auto" MLP tiling stays untiled, enable_fp8's refusals.
+// does not fit; with data parallelism too, the ranks' amax reduced to one state), a skipped step does not roll, "auto" MLP tiling stays untiled, enable_fp8's refusals.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -22,6 +22,7 @@
 #include "kestrel/train/trainer.h"
 #include "support/errors.h"
 #include "support/numerics.h"
+#include "data_parallel_fixtures.h"
 #include "trainer_fixtures.h"
 
 namespace kestrel::train {
@@ -214,6 +215,39 @@ TEST(Fp8Training, ResumeIsBitExactAndRefusesAMismatchedState) {
   });
   te.resume(dir + "/d/checkpoints/step_00000002", allow);
   EXPECT_TRUE(warned);
+  fs::remove_all(dir);
+}
+
+// Data parallelism: each rank casts its own slice of the batch, so the ranks' amax differ; the trainer
+// reduces them (max) over the group before every roll, so all ranks hold one FP8 state and rank 0's
+// checkpoint of it is every rank's. Two ranks resumed from the step-2 checkpoint end with the
+// uninterrupted run's parameters and losses bit for bit (had rank 1 kept its own amax, it would resume
+// with rank 0's scales instead of its own, and its casts, so the averaged gradients, would differ).
+TEST(Fp8Training, DataParallelRanksShareOneStateSoResumeIsBitExact) {
+  const std::string dir = tmp("dp");
+  json cfg = testing::dp_run(dir, 4, 1);
+  cfg["fp8"]["enabled"] = true;
+  cfg["mlp_tile_tokens"] = 0;
+  cfg["checkpoint_every"] = 2;
+  cfg["keep_checkpoints"] = 0;
+  cfg["out_dir"] = dir + "/a";
+  for (const std::string& e : testing::run_group(cfg, 2, std::chrono::seconds(60))) ASSERT_EQ(e, "");
+  const std::vector<double> whole = testing::metric_losses(dir + "/a");
+  ASSERT_EQ(whole.size(), 4u);
+  const std::string step2 = dir + "/a/checkpoints/step_00000002";
+  ASSERT_TRUE(fs::exists(step2 + "/fp8_state.safetensors"));
+  json b = cfg;
+  b["out_dir"] = dir + "/b";
+  const auto errors = testing::run_group(b, 2, std::chrono::seconds(60), [&](int, Trainer& t) {
+    t.resume(step2);
+    t.run();
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  EXPECT_TRUE(testing::final_parameters(dir + "/b") == testing::final_parameters(dir + "/a"))
+      << "the resumed run's parameters differ from the uninterrupted run's";
+  const std::vector<double> resumed = testing::metric_losses(dir + "/b");
+  ASSERT_GE(resumed.size(), 2u);
+  EXPECT_EQ(std::vector<double>(resumed.end() - 2, resumed.end()), std::vector<double>(whole.end() - 2, whole.end()));
   fs::remove_all(dir);
 }
 

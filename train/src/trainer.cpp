@@ -432,12 +432,21 @@ struct Trainer::Impl {
     }
     if (grad_reduce) comm->synchronize();  // a dead peer: an error within the timeout, not a hang
     // FP8: this step's amax joins the histories and the scales follow (device kernels, no sync); a
-    // skipped step's amax is dropped, as its update is.
+    // skipped step's amax is dropped, as its update is (every rank agrees on a skip). With data
+    // parallelism the amax is first the max over the ranks (one all-reduce of 3L floats, as
+    // Transformer Engine does), so every rank rolls the same values and holds the same state: rank
+    // 0's checkpoint of it is every rank's.
     if (fp8) {
-      if (last_step_skipped)
+      if (last_step_skipped) {
         fp8->discard();
-      else
+      } else {
+        if (comm) {
+          Tensor amax = fp8->amax();
+          comm->all_reduce(amax, ReduceOp::Max);
+          comm->wait();
+        }
         fp8->roll();
+      }
     }
     ++step;
     return {loss_sum, gnorm, tokens};
@@ -526,7 +535,20 @@ struct Trainer::Impl {
   EvalResult evaluate() {
     finish_update();
     Fp8ObserveOff off(fp8);  // evaluation's amax stays out of training's FP8 scales
-    return task->evaluate();
+    EvalResult e = task->evaluate();
+    if (e.tokens > 0) {  // held-out tokens (decoders): logged, and a line of out_dir/eval.jsonl
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "eval @ %lld: held-out loss %.4f (perplexity %.3f) over %lld tokens",
+                    static_cast<long long>(step), e.loss, std::exp(e.loss), static_cast<long long>(e.tokens));
+      log(buf);
+      if (writer()) {
+        std::filesystem::create_directories(out_dir);
+        std::ofstream f(out_dir + "/eval.jsonl", std::ios::app);
+        f << json{{"step", step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}}.dump() << "\n";
+        KESTREL_CHECK(f.good(), "train", "could not write ", out_dir, "/eval.jsonl");
+      }
+    }
+    return e;
   }
 };
 

@@ -60,7 +60,7 @@ TEST(NcclComm, WorldOfOneCollectivesAreTheIdentity) {
   for (DType dt : {DType::F32, DType::BF16})
     for (int64_t n : {1, 1000, 65537}) {
       Tensor x = random_tensor(n, dt, rng);
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         progress(n == 1 && op == ReduceOp::Sum ? "first all_reduce" : "all_reduce");
         Tensor y = x.clone();
         comm->all_reduce(y, op);

@@ -28,7 +28,9 @@
 
 namespace kestrel {
 
-enum class ReduceOp : uint8_t { Sum, Avg };
+// Max: the largest value over the ranks (every rank receives the same value; on the in-process
+// backend a NaN on any rank gives NaN). Data parallelism reduces the FP8 amax with it.
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
 
 class Communicator {
  public:
@@ -37,7 +39,7 @@ class Communicator {
   virtual int world_size() const = 0;
   virtual std::string backend() const = 0;  // "inprocess", "nccl"
 
-  // In place: every rank's `t` becomes the sum (or mean) over the ranks. Contiguous tensors.
+  // In place: every rank's `t` becomes the sum (mean, max) over the ranks. Contiguous tensors.
   virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
   // `input` (world_size * n elements) is reduced over the ranks; rank r receives elements
   // [r*n, (r+1)*n) of the result in `output` (n elements).
