@@ -535,20 +535,7 @@ struct Trainer::Impl {
   EvalResult evaluate() {
     finish_update();
     Fp8ObserveOff off(fp8);  // evaluation's amax stays out of training's FP8 scales
-    EvalResult e = task->evaluate();
-    if (e.tokens > 0) {  // held-out tokens (decoders): logged, and a line of out_dir/eval.jsonl
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "eval @ %lld: held-out loss %.4f (perplexity %.3f) over %lld tokens",
-                    static_cast<long long>(step), e.loss, std::exp(e.loss), static_cast<long long>(e.tokens));
-      log(buf);
-      if (writer()) {
-        std::filesystem::create_directories(out_dir);
-        std::ofstream f(out_dir + "/eval.jsonl", std::ios::app);
-        f << json{{"step", step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}}.dump() << "\n";
-        KESTREL_CHECK(f.good(), "train", "could not write ", out_dir, "/eval.jsonl");
-      }
-    }
-    return e;
+    return task->evaluate();
   }
 };
 
