@@ -7,7 +7,10 @@ The corpus is found on the machine: the Python standard library's sources and do
 stdlib folder; .py, .txt, .rst files), one document per file, tokenised by `kestrel-train tokenize`
 with the byte tokenizer (ids < 260, well inside any vocabulary). Both runs read the same token file
 in the same order, with the same seed; they differ only in their configs and --b-set entries
-(gradient clipping is off in both: the compact mode's in-backward update cannot clip).
+(gradient clipping is off in both: the compact mode's in-backward update cannot clip). Every 20th file is
+held out (never trained on): both runs evaluate the same held-out sequences every --eval-every steps and
+at the end (data.eval_files), and the bound is checked on that final held-out loss (the last 10 training
+losses, each on one batch, swing with the batch's file; they are reported too).
 
 usage: bench/quality_ab.py --bin BIN [--a configs/llama_1b5_8k.json] [--b configs/llama_1b5_8k_compact.json]
          [--a-label ...] [--b-label ...] [--b-set key=value ...] [--bound 0.02] [--steps 300]
@@ -26,28 +29,33 @@ import sys
 import sysconfig
 
 
-def build_corpus(work, limit_bytes):
-    """One JSON line per stdlib file ({"text": ...}) until limit_bytes; returns the path."""
+def build_corpus(work, limit_bytes, heldout_bytes):
+    """One JSON line per stdlib file ({"text": ...}): every 20th file goes to the held-out corpus (until
+    heldout_bytes), the others to the training corpus (until limit_bytes). Returns both paths."""
     root = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True))
     files += sorted(glob.glob(os.path.join(root, "**", "*.txt"), recursive=True))
     files += sorted(glob.glob("/usr/share/doc/python3*/**/*.rst", recursive=True))
-    path = os.path.join(work, "corpus.jsonl")
-    total = 0
-    with open(path, "w") as out:
-        for f in files:
+    paths = [os.path.join(work, "corpus.jsonl"), os.path.join(work, "heldout.jsonl")]
+    limits = [limit_bytes, heldout_bytes]
+    totals = [0, 0]
+    with open(paths[0], "w") as train_out, open(paths[1], "w") as held_out:
+        outs = [train_out, held_out]
+        for i, f in enumerate(files):
+            k = 1 if i % 20 == 19 else 0
+            if totals[k] >= limits[k]:
+                continue
             try:
                 text = open(f, encoding="utf-8").read()
             except (UnicodeDecodeError, OSError):
                 continue
             if not text.strip():
                 continue
-            out.write(json.dumps({"text": text}) + "\n")
-            total += len(text)
-            if total >= limit_bytes:
-                break
-    print(f"corpus: {total / 1e6:.1f} MB of text from {root}", flush=True)
-    return path
+            outs[k].write(json.dumps({"text": text}) + "\n")
+            totals[k] += len(text)
+    print(f"corpus: {totals[0] / 1e6:.1f} MB of text from {root} for training, {totals[1] / 1e6:.1f} MB held out "
+          f"(every 20th file)", flush=True)
+    return paths
 
 
 def tokenize(bin_dir, corpus, out):
@@ -59,11 +67,17 @@ def tokenize(bin_dir, corpus, out):
     return int(words[0])
 
 
-def train(bin_dir, config, label, tokens, doc_start, steps, out_dir, sets):
+def train(bin_dir, config, label, tokens, doc_start, steps, out_dir, sets, heldout=None):
+    """Trains; returns the per-step (step, loss, tok/s) and the held-out evaluations [(step, loss)]
+    (data.eval_files = heldout: every eval_every steps and at the end)."""
     args = [os.path.join(bin_dir, "kestrel-train"), "--config", config, "--overwrite-out-dir",
             "--set", f"data.train_files={tokens}", "--set", f"data.doc_start_token={doc_start}",
             "--set", f"train.steps={steps}", "--set", "train.grad_clip=0", "--set", f"out_dir={out_dir}",
             "--set", "log_every=25"]
+    if heldout:
+        path, samples, every = heldout
+        args += ["--set", f"data.eval_files={path}", "--set", f"data.eval_samples={samples}",
+                 "--set", f"eval_every={every}"]
     for s in sets:
         args += ["--set", s]
     print(f"== {label}: {' '.join(args)}", flush=True)
@@ -73,7 +87,11 @@ def train(bin_dir, config, label, tokens, doc_start, steps, out_dir, sets):
         for line in f:
             row = json.loads(line)
             losses.append((row["step"], row["loss"], row.get("tokens_per_s", 0.0)))
-    return losses
+    evals = []
+    if heldout and os.path.exists(os.path.join(out_dir, "eval.jsonl")):
+        with open(os.path.join(out_dir, "eval.jsonl")) as f:
+            evals = [(r["step"], r["eval_loss"]) for r in map(json.loads, f)]
+    return losses, evals
 
 
 def svg(curves, title, path, width=720, height=420):
@@ -130,6 +148,10 @@ def main():
     ap.add_argument("--bound", type=float, default=0.02, help="largest relative final-loss difference")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--corpus-mb", type=float, default=64.0, help="text to tokenise (MB)")
+    ap.add_argument("--heldout-mb", type=float, default=4.0,
+                    help="held-out text (every 20th file, never trained on); 0 = no held-out evaluation")
+    ap.add_argument("--eval-samples", type=int, default=48, help="held-out sequences per evaluation")
+    ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--work", default="runs/quality_ab")
     ap.add_argument("--out", default="bench/compact_quality")
     ap.add_argument("--set", action="append", default=[], help="key=value for both runs")
@@ -139,30 +161,53 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tokens = os.path.join(a.work, "stdlib_bytes.bin")
-    corpus = build_corpus(a.work, int(a.corpus_mb * 1e6))
+    corpus, heldout_corpus = build_corpus(a.work, int(a.corpus_mb * 1e6), int(a.heldout_mb * 1e6))
     doc_start = tokenize(a.bin, corpus, tokens)
+    heldout = None
+    if a.heldout_mb > 0:
+        heldout_tokens = os.path.join(a.work, "heldout_bytes.bin")
+        tokenize(a.bin, heldout_corpus, heldout_tokens)
+        heldout = (heldout_tokens, a.eval_samples, a.eval_every)
     if a.a_from:
         prev = json.load(open(a.a_from))
         if prev["a"] != a.a or prev["steps"] != a.steps:
             sys.exit(f"--a-from {a.a_from}: it ran {prev['a']} for {prev['steps']} steps, not {a.a} for {a.steps}")
         ra = [tuple(r) for r in prev["losses_a"]]
+        ea = [tuple(r) for r in prev.get("heldout_a", [])]
+        if heldout and not ea:
+            sys.exit(f"--a-from {a.a_from}: it has no held-out evaluations; run with --heldout-mb 0 or without --a-from")
         print(f"== {a.a_label}: losses reused from {a.a_from}", flush=True)
     else:
-        ra = train(a.bin, a.a, a.a_label, tokens, doc_start, a.steps, os.path.join(a.work, "a"), a.set)
-    rb = train(a.bin, a.b, a.b_label, tokens, doc_start, a.steps, os.path.join(a.work, "b"), a.set + a.b_set)
+        ra, ea = train(a.bin, a.a, a.a_label, tokens, doc_start, a.steps, os.path.join(a.work, "a"), a.set, heldout)
+    rb, eb = train(a.bin, a.b, a.b_label, tokens, doc_start, a.steps, os.path.join(a.work, "b"), a.set + a.b_set,
+                   heldout)
     fa, fb = final_loss(ra), final_loss(rb)
     ratio = fb / fa
-    svg([(a.a_label, "#1f77b4", [(s, l) for s, l, _ in ra]), (a.b_label, "#d62728", [(s, l) for s, l, _ in rb])],
-        f"{a.steps} steps on the Python stdlib (byte tokens): final loss {fa:.4f} vs {fb:.4f} ({100 * (ratio - 1):+.2f}%)",
-        a.out + ".svg")
+    # The held-out loss at the end (the same sequences for both runs, never trained on): the less noisy
+    # final loss, and the one the bound is checked on when there is one.
+    ha = ea[-1][1] if ea else None
+    hb = eb[-1][1] if eb else None
+    heldout_ratio = hb / ha if ha and hb else None
+    curves = [(a.a_label, "#1f77b4", [(s, l) for s, l, _ in ra]), (a.b_label, "#d62728", [(s, l) for s, l, _ in rb])]
+    title = f"{a.steps} steps on the Python stdlib (byte tokens): final loss {fa:.4f} vs {fb:.4f} ({100 * (ratio - 1):+.2f}%)"
+    if heldout_ratio:
+        curves += [(a.a_label + " held-out", "#17becf", ea), (a.b_label + " held-out", "#ff7f0e", eb)]
+        title += f"; held-out {ha:.4f} vs {hb:.4f} ({100 * (heldout_ratio - 1):+.2f}%)"
+    svg(curves, title, a.out + ".svg")
+    checked = heldout_ratio if heldout_ratio else ratio
     summary = {"steps": a.steps, "a": a.a, "b": a.b, "a_label": a.a_label, "b_label": a.b_label, "b_set": a.b_set,
                "a_from": a.a_from, "final_loss_a": fa, "final_loss_b": fb, "ratio": ratio, "bound": a.bound,
-               "within_bound": abs(ratio - 1) <= a.bound, "losses_a": ra, "losses_b": rb}
+               "heldout_final_a": ha, "heldout_final_b": hb, "heldout_ratio": heldout_ratio,
+               "bound_checked_on": "held-out loss" if heldout_ratio else "last 10 training losses",
+               "within_bound": abs(checked - 1) <= a.bound, "losses_a": ra, "losses_b": rb,
+               "heldout_a": ea, "heldout_b": eb}
     with open(a.out + ".json", "w") as f:
         json.dump(summary, f)
     tps = lambda L: sum(t for _, _, t in L[2:]) / max(1, len(L) - 2)
+    held = (f"held-out {ha:.4f} vs {hb:.4f} ({100 * (heldout_ratio - 1):+.2f}%)" if heldout_ratio else "no held-out")
     print(f"| {a.b_label} vs {a.a_label} | {a.steps} steps | {fa:.4f} | {fb:.4f} | "
-          f"{100 * (ratio - 1):+.2f}% (bound {100 * a.bound:.0f}%) | {tps(ra):.0f} vs {tps(rb):.0f} tok/s | {a.out}.svg |")
+          f"{100 * (ratio - 1):+.2f}% | {held} (bound {100 * a.bound:.0f}% on {summary['bound_checked_on']}) | "
+          f"{tps(ra):.0f} vs {tps(rb):.0f} tok/s | {a.out}.svg |")
     return 0 if summary["within_bound"] else 1
 
 

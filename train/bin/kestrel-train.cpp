@@ -4,6 +4,7 @@
 // kestrel-train tokenize --tokenizer byte|tokenizer.json --output out.bin [--separator TOKEN] FILE...
 // kestrel-train export --config run.json [--weights DIR] --out DIR [--format kestrel|llava] [--logits-in F --logits-out F]
 // Translates every kestrel::Error into a message and a non-zero exit code.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -46,7 +47,7 @@ void usage(FILE* f) {
                "  --overwrite-out-dir    start a new run in an out_dir that holds another run's checkpoints,\n"
                "                         deleting them (without it such a start is refused)\n"
                "  --print-config         print the resolved configuration and exit\n"
-               "  --eval-only            evaluate (greedy captions) without training\n"
+               "  --eval-only            evaluate (greedy captions; a decoder's held-out loss) without training\n"
                "  --nproc-per-node N     start N processes of this command on this host, one per GPU (RANK,\n"
                "                         WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), wait\n"
                "                         for them, and end them all when one fails (its exit code and message)\n"
@@ -331,6 +332,8 @@ int main(int argc, char** argv) {
     if (e.samples > 0) std::printf("held-out captions: %.1f%% exactly right (colour %.1f%%, shape %.1f%%, position %.1f%%) over %lld images\n",
                 100 * e.caption_accuracy, 100 * e.colour_accuracy, 100 * e.shape_accuracy, 100 * e.position_accuracy,
                 static_cast<long long>(e.samples));
+    if (e.tokens > 0) std::printf("held-out loss: %.4f (perplexity %.3f) over %lld tokens of data.eval_files\n", e.loss,
+                                  std::exp(e.loss), static_cast<long long>(e.tokens));
     for (auto& [want, got] : e.examples) std::printf("  expected: %-34s generated: %s\n", want.c_str(), got.c_str());
     return 0;
   } catch (const OutOfBudget& e) {

@@ -136,7 +136,7 @@ bool not_compared(const std::string& key) {
       // resumed deterministically to reproduce what follows).
       "train.deterministic",
       "threads", "prefetch", "prefetch_threads", "on_cpu", "on_cuda", "model.init_from", "data.eval_offset",
-      "data.eval_samples", "train.nonfinite",
+      "data.eval_samples", "data.eval_files", "train.nonfinite",
       // Where the AdamW state lives: the update is bit-identical either way.
       "optimizer.offload", "optimizer.staging_slot_mib", "optimizer.staging_slots",
       // Where the gradients wait for the update (the same values; the norm is summed on the host).

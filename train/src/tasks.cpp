@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "kestrel/autograd/grad_mode.h"
 #include "kestrel/models/decoder.h"
 #include "kestrel/models/vlm.h"
 #include "kestrel/ops/elementwise.h"
@@ -53,6 +54,9 @@ class VlmTask final : public Task {
                   "\"chat\" (conversation JSONL, images at <image>)");
     // Held-out captions are scored on the shapes data only: evaluation and samples on other data would
     // be settings that do nothing.
+    KESTREL_CHECK(data_cfg_["eval_files"].get<std::string>().empty(), "train", "data.eval_files (held-out token "
+                  "files) applies to model.type \"decoder\" on \"tokens\" data; a VLM is evaluated on the shapes "
+                  "data's held-out captions. Remove it");
     for (const char* key : {"eval_every", "sample_every"})
       KESTREL_CHECK(type == "shapes" || cfg[key].get<int64_t>() == 0, "train", key, " is ", cfg[key].get<int64_t>(),
                     " but data.type \"", type, "\" has no held-out captions to evaluate (only \"shapes\" does); "
@@ -208,6 +212,27 @@ class DecoderTask final : public Task {
       KESTREL_CHECK(!files.empty(), "train", "data.train_files is empty: give llm.c token files (paths or globs)");
       stream_ = std::make_unique<TokenStream>(files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
     }
+    // Held-out tokens: data.eval_files, read by evaluate() (every eval_every steps and at the end).
+    const std::string eval_files = d["eval_files"];
+    const int64_t eval_every = cfg["eval_every"];
+    KESTREL_CHECK(eval_files.empty() || type == "tokens", "train", "data.eval_files applies to data.type \"tokens\"; "
+                  "chat data has no held-out evaluation. Remove it");
+    KESTREL_CHECK(eval_every == 0 || !eval_files.empty(), "train", "eval_every is ", eval_every,
+                  " but a decoder is evaluated on held-out token files: set data.eval_files (llm.c token files "
+                  "kept out of data.train_files, e.g. from kestrel-train tokenize) or set eval_every to 0");
+    KESTREL_CHECK(cfg["sample_every"].get<int64_t>() == 0, "train", "sample_every is ",
+                  cfg["sample_every"].get<int64_t>(), " but a decoder run has no samples to generate; set it to 0");
+    if (!eval_files.empty()) {
+      eval_samples_ = d["eval_samples"];
+      KESTREL_CHECK(eval_samples_ > 0, "train", "data.eval_samples must be positive with data.eval_files, got ",
+                    eval_samples_);
+      eval_ = std::make_unique<TokenStream>(eval_files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
+      // Sequences wrap at the end of the stream: more than it holds would count tokens twice.
+      const int64_t need = eval_samples_ * seq_len_ + 1;
+      KESTREL_CHECK(eval_->size() >= need, "train", "data.eval_files holds ", eval_->size(), " tokens but data.eval_samples ",
+                    eval_samples_, " sequences of data.seq_len ", seq_len_, " need ", need,
+                    "; lower data.eval_samples or add held-out tokens");
+    }
     if (const std::string tok = d["tokenizer"]; type == "tokens" && !tok.empty() && tok != "byte") {
       // The token files should come from this tokenizer (kestrel-train tokenize); its ids must fit the model.
       const int64_t v = load_text_tokenizer(tok)->vocab_size();
@@ -231,11 +256,30 @@ class DecoderTask final : public Task {
     return model_->loss(model_->forward(model_->embed(b.input_ids), b.layout, policy), b.labels);
   }
 
-  EvalResult evaluate() override { return {}; }
+  // The mean next-token loss over the first eval_samples sequences of the held-out stream, one
+  // sequence per forward (no tape: evaluation holds no activations for a backward).
+  EvalResult evaluate() override {
+    EvalResult r;
+    if (!eval_) return r;
+    autograd::NoGradGuard no_grad;
+    double total = 0;
+    for (int64_t i = 0; i < eval_samples_; ++i) {
+      HostBatch hb = eval_->host_batch(static_cast<uint64_t>(i), 1, seq_len_);
+      TokenBatch b = token_batch_from(hb, arrays_to_device(hb, device_));
+      Tensor loss = model_->loss(model_->forward(model_->embed(b.input_ids), b.layout, autograd::RecomputePolicy::None),
+                                 b.labels);
+      total += loss.item() * static_cast<double>(hb.tokens);  // every token of a token stream is labelled
+      r.tokens += hb.tokens;
+    }
+    r.loss = total / static_cast<double>(r.tokens);
+    return r;
+  }
 
  private:
   Device device_;
   int64_t seq_len_ = 0;
+  std::unique_ptr<TokenStream> eval_;
+  int64_t eval_samples_ = 0;
   std::unique_ptr<TokenStream> stream_;
   std::unique_ptr<ChatData> chat_;
   std::unique_ptr<models::Decoder> model_;

@@ -44,7 +44,10 @@ json default_train_config() {
         {"tokenizer", "byte"},
         {"chat_template", "auto"},
         {"eval_offset", 1000000000},
-        {"eval_samples", 100}}},
+        {"eval_samples", 100},
+        // Decoders on "tokens" data: held-out llm.c token files; eval_every and the end of the run
+        // report their mean next-token loss over eval_samples sequences of seq_len (tasks.cpp).
+        {"eval_files", ""}}},
       {"train",
        {{"steps", 100},
         {"batch_size", 16},

@@ -535,8 +535,16 @@ struct Trainer::Impl {
   EvalResult evaluate() {
     finish_update();
     Fp8ObserveOff off(fp8);  // evaluation's amax stays out of training's FP8 scales
-    return task->evaluate();
+    EvalResult e = task->evaluate();
+    if (e.tokens > 0) {  // held-out tokens (decoders): logged here, a line of out_dir/eval.jsonl (record_eval)
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "eval @ %lld: held-out loss %.4f (perplexity %.3f) over %lld tokens",
+                    static_cast<long long>(step), e.loss, std::exp(e.loss), static_cast<long long>(e.tokens));
+      log(buf);
+    }
+    return e;
   }
+  void record_eval(const EvalResult& e) const;  // below MetricsFile
 };
 
 Trainer::Trainer(const json& config) : impl_(std::make_unique<Impl>(config, nullptr)) {}
@@ -546,8 +554,6 @@ Trainer::~Trainer() = default;
 void Trainer::set_log_callback(std::function<void(const std::string&)> cb) { impl_->log = std::move(cb); }
 void Trainer::set_memory_profiling(bool on) { impl_->memory_profiling = on; }
 Device Trainer::device() const { return impl_->device; }
-EvalResult Trainer::evaluate() { return impl_->evaluate(); }
-
 void Trainer::set_overwrite_out_dir(bool on) { impl_->overwrite_out_dir = on; }
 
 namespace {
@@ -592,6 +598,7 @@ class MetricsFile {
   int fd_ = -1;
 };
 
+// A held-out evaluation's line of out_dir/eval.jsonl ({"step", "eval_loss", "eval_tokens"}; decoders).
 // Keeps the metrics lines of steps up to `step` (what the checkpoint saw); drops the lines of steps
 // a killed run took after it (the resumed run writes them again) and a torn last line.
 void trim_metrics(const std::string& path, int64_t step) {
@@ -612,6 +619,20 @@ void trim_metrics(const std::string& path, int64_t step) {
   models::write_file_atomic(path, std::as_bytes(std::span(kept.data(), kept.size())), "train");
 }
 }  // namespace
+
+// A held-out evaluation's line of out_dir/eval.jsonl ({"step", "eval_loss", "eval_tokens"}; decoders).
+void Trainer::Impl::record_eval(const EvalResult& e) const {
+  if (e.tokens <= 0 || !writer()) return;
+  fs::create_directories(out_dir);
+  MetricsFile(out_dir + "/eval.jsonl", /*append=*/true)
+      .write_line(json{{"step", step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}}.dump());
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult e = impl_->evaluate();
+  impl_->record_eval(e);
+  return e;
+}
 
 void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options) {
   if (checkpoint.empty()) return;
@@ -658,6 +679,7 @@ void Trainer::resume(const std::string& checkpoint, const ResumeOptions& options
   if (I.grad_reduce) I.comm->barrier();  // every rank has read the checkpoint
   if (!I.writer()) skipped.clear();
   if (I.writer()) trim_metrics(I.out_dir + "/metrics.jsonl", st.step);
+  if (I.writer()) trim_metrics(I.out_dir + "/eval.jsonl", st.step);
   // Damaged checkpoints newer than the one resumed from are set aside (kept for inspection): the
   // run writes those steps again, and pruning and `latest` must not count them.
   for (const SkippedCheckpoint& s : skipped) {
@@ -694,6 +716,8 @@ TrainSummary Trainer::run() {
   }
   std::optional<MetricsFile> metrics;
   if (I.writer()) metrics.emplace(I.out_dir + "/metrics.jsonl", /*append=*/I.step > 0);
+  if (I.writer() && I.step == 0 && fs::exists(I.out_dir + "/eval.jsonl"))  // a new run: the evals start over
+    MetricsFile(I.out_dir + "/eval.jsonl", /*append=*/false);
   const int64_t log_every = std::max<int64_t>(1, I.cfg["log_every"].get<int64_t>());
   const int64_t eval_every = I.cfg["eval_every"], ckpt_every = I.cfg["checkpoint_every"];
   const int64_t keep = I.cfg["keep_checkpoints"];
@@ -821,6 +845,7 @@ TrainSummary Trainer::run() {
     }
     if (eval_every > 0 && I.step % eval_every == 0 && I.step < I.total_steps) {
       EvalResult e = I.evaluate();
+      I.record_eval(e);
       if (e.samples > 0) std::snprintf(buf, sizeof buf, "eval @ %lld: caption accuracy %.1f%% (colour %.1f%%, shape %.1f%%, position %.1f%%)",
                     static_cast<long long>(I.step), 100 * e.caption_accuracy, 100 * e.colour_accuracy,
                     100 * e.shape_accuracy, 100 * e.position_accuracy);

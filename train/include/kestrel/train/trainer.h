@@ -26,6 +26,10 @@ struct EvalResult {
   double caption_accuracy = 0;  // exact caption match
   double colour_accuracy = 0, shape_accuracy = 0, position_accuracy = 0;
   std::vector<std::pair<std::string, std::string>> examples;  // (expected, generated)
+  // Decoders on token data: the mean next-token loss over `tokens` held-out tokens (data.eval_files,
+  // data.eval_samples sequences of seq_len); tokens == 0 when the task has no held-out tokens.
+  int64_t tokens = 0;
+  double loss = 0;
 };
 
 struct TrainSummary {
