@@ -8,8 +8,15 @@
 // - BM_flash_attention_varlen: packs of 65536 tokens cut into documents with long-tailed lengths
 //   (kDocLengths below, the same sequence bench/attention_masked_vs_torch.py draws), causal. FLOPs
 //   4 * sum(L^2)/2 * D * H. Compares with the dense causal rows at the pack's typical lengths.
+// - BM_flash_attention_blockmask: one document of T tokens, bidirectional, with a random block-sparse
+//   2-D mask (kestrel::BlockMask): each 128 x 128 tile pair listed with probability 1/2 (50% density),
+//   a listed tile FULL with probability 0.8, else PARTIAL with half its bits set (random). FLOPs count
+//   the listed tiles, PARTIAL ones fully (4 * tiles * 128 * 128 * D * H, x3.5 with the backward), so
+//   a kernel that skips unlisted tiles shows the dense kernel's TFLOP/s; mask=0 rows are the dense
+//   bidirectional kernel (4 * T * T * D * H) in the same run.
 // Timed with CUDA events; the TFLOPs counter is what bench/attention_masked_vs_torch.py prints next to
 // PyTorch (flex attention for the prefix mask; the varlen and padded SDPA paths for packs).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +29,7 @@
 #include "bench_common.cuh"
 #include "cuda/flash_attention/flash_attention.h"
 #include "kestrel/cuda/check.h"
+#include "kestrel/ops/attention.h"
 
 namespace {
 
@@ -55,7 +63,55 @@ std::vector<int> doc_lengths(uint64_t seed, int pack_tokens) {
 struct Run {
   std::vector<int> lengths;
   int prefix = 0;  // per document, 0 = plain causal
+  bool causal = true;
+  const kestrel::BlockMask* mask = nullptr;  // CPU tensors; one document, bidirectional
 };
+
+// A random block mask of T x T tokens: tile pairs listed with probability `density`, FULL with
+// probability 0.8, else PARTIAL with each bit set with probability 1/2 (64-bit LCG, fixed seed).
+kestrel::BlockMask random_block_mask(int T, double density, uint64_t seed) {
+  const int64_t B = kestrel::BlockMask::kBlock, nb = (T + B - 1) / B;
+  uint64_t x = seed;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 32;
+  };
+  auto uniform = [&] { return static_cast<double>(next()) / 4294967296.0; };
+  std::vector<int32_t> ptr{0}, kblock, kind;
+  std::vector<uint32_t> bits;
+  for (int64_t qb = 0; qb < nb; ++qb) {
+    for (int64_t kb = 0; kb < nb; ++kb) {
+      if (uniform() >= density) continue;
+      kblock.push_back(static_cast<int32_t>(kb));
+      if (uniform() < 0.8) {
+        kind.push_back(kestrel::BlockMask::kFull);
+        continue;
+      }
+      kind.push_back(static_cast<int32_t>(bits.size() / (B * 4)));
+      for (int64_t r = 0; r < B; ++r)
+        for (int w = 0; w < 4; ++w) {
+          uint32_t word = static_cast<uint32_t>(next());
+          const int64_t valid_rows = std::min<int64_t>(B, T - qb * B), valid_cols = std::min<int64_t>(B, T - kb * B);
+          const int64_t cols = std::clamp<int64_t>(valid_cols - 32 * w, 0, 32);
+          word &= r >= valid_rows ? 0u : (cols >= 32 ? ~0u : (1u << cols) - 1u);
+          bits.push_back(word);
+        }
+    }
+    ptr.push_back(static_cast<int32_t>(kblock.size()));
+  }
+  return kestrel::make_block_mask(T, T, ptr, kblock, kind, bits);
+}
+
+// A host tensor's bytes copied into a fresh device buffer (freed by the caller); nullptr when empty.
+template <typename P>
+P* device_copy(const kestrel::Tensor& t, std::vector<void*>& owned) {
+  if (t.numel() == 0) return nullptr;
+  void* d = nullptr;
+  KESTREL_CUDA_CHECK(cudaMalloc(&d, t.numel() * 4));
+  KESTREL_CUDA_CHECK(cudaMemcpy(d, t.data_ptr(), t.numel() * 4, cudaMemcpyHostToDevice));
+  owned.push_back(d);
+  return static_cast<P*>(d);
+}
 
 void bench(benchmark::State& state, const Run& run, int D, bool backward) {
   const int docs = static_cast<int>(run.lengths.size());
@@ -66,8 +122,9 @@ void bench(benchmark::State& state, const Run& run, int D, bool backward) {
     const double L = run.lengths[i], P = std::min<double>(run.prefix, L);
     cu[i + 1] = cu[i] + run.lengths[i];
     max_len = std::max(max_len, run.lengths[i]);
-    scores += 0.5 * L * L + 0.5 * P * P;
+    scores += run.causal ? 0.5 * L * L + 0.5 * P * P : L * L;
   }
+  if (run.mask) scores = static_cast<double>(run.mask->nnz()) * kestrel::BlockMask::kBlock * kestrel::BlockMask::kBlock;
   const int tokens = cu[docs];
   const size_t n = static_cast<size_t>(tokens) * kHeads * D;
   void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *ws = nullptr;
@@ -87,8 +144,24 @@ void bench(benchmark::State& state, const Run& run, int D, bool backward) {
   KESTREL_CUDA_CHECK_LAUNCH();
   FlashAttentionParams p{q,      k,      v,       out,     lse,      d_cu,          d_cu,
                          docs,   max_len, max_len, kHeads, kHeads,   D,             1.f / std::sqrt(float(D)),
-                         true,   AttnDType::BF16, tokens, tokens};
+                         run.causal, AttnDType::BF16, tokens, tokens};
   p.prefix_len = d_prefix;
+  std::vector<void*> mask_buffers;
+  kestrel::cuda::FlashBlockMask dmask;
+  if (run.mask) {
+    const kestrel::BlockMask& m = *run.mask;
+    dmask.q_ptr = device_copy<const int32_t>(m.q_ptr, mask_buffers);
+    dmask.q_kblock = device_copy<const int32_t>(m.q_kblock, mask_buffers);
+    dmask.q_kind = device_copy<const int32_t>(m.q_kind, mask_buffers);
+    dmask.k_ptr = device_copy<const int32_t>(m.k_ptr, mask_buffers);
+    dmask.k_qblock = device_copy<const int32_t>(m.k_qblock, mask_buffers);
+    dmask.k_kind = device_copy<const int32_t>(m.k_kind, mask_buffers);
+    dmask.bits = device_copy<const uint32_t>(m.bits, mask_buffers);
+    dmask.bits_t = device_copy<const uint32_t>(m.bits_t, mask_buffers);
+    p.block_mask = &dmask;
+    state.counters["tiles"] = static_cast<double>(m.nnz());
+    state.counters["partial"] = static_cast<double>(m.partials());
+  }
   const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   KESTREL_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   FlashAttentionBackwardParams bp{p, dout, dq, dk, dv, ws, ws_bytes};
@@ -114,13 +187,15 @@ void bench(benchmark::State& state, const Run& run, int D, bool backward) {
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["docs"] = docs;
   state.counters["max_len"] = max_len;
-  state.SetLabel(std::string(run.prefix > 0 ? "prefix" : "varlen causal") + (backward ? " fwd+bwd" : " fwd"));
+  const char* what = run.mask ? "block mask" : !run.causal ? "dense bidirectional" : run.prefix > 0 ? "prefix" : "varlen causal";
+  state.SetLabel(std::string(what) + (backward ? " fwd+bwd" : " fwd"));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {q, k, v, out, dout, dq, dk, dv, ws}) cudaFree(ptr);
   cudaFree(lse);
   cudaFree(d_cu);
   if (d_prefix) cudaFree(d_prefix);
+  for (void* ptr : mask_buffers) cudaFree(ptr);
 }
 
 void BM_flash_attention_prefix(benchmark::State& state) {
@@ -132,6 +207,25 @@ void BM_flash_attention_prefix(benchmark::State& state) {
 void BM_flash_attention_varlen(benchmark::State& state) {
   Run run{doc_lengths(static_cast<uint64_t>(state.range(0)), kPackTokens), 0};
   bench(state, run, static_cast<int>(state.range(1)), state.range(2) != 0);
+}
+
+// range(2) = 1: the random 50% block mask; 0: the dense bidirectional kernel on the same shape.
+void BM_flash_attention_blockmask(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0));
+  Run run{{T}, 0, false};
+  kestrel::BlockMask mask;
+  if (state.range(2) != 0) {
+    mask = random_block_mask(T, 0.5, 7);
+    run.mask = &mask;
+  }
+  bench(state, run, static_cast<int>(state.range(1)), state.range(3) != 0);
+}
+
+void blockmask_args(benchmark::internal::Benchmark* bm) {
+  for (int bwd : {0, 1})
+    for (int T : {8192, 16384})
+      for (int masked : {0, 1}) bm->Args({T, 128, masked, bwd});
+  bm->ArgNames({"T", "D", "mask", "bwd"});
 }
 
 void prefix_args(benchmark::internal::Benchmark* bm) {
@@ -149,6 +243,7 @@ void varlen_args(benchmark::internal::Benchmark* bm) {
 }
 
 BENCHMARK(BM_flash_attention_prefix)->Apply(prefix_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+BENCHMARK(BM_flash_attention_blockmask)->Apply(blockmask_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_varlen)->Apply(varlen_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 
 }  // namespace

@@ -11,7 +11,7 @@ namespace {
 
 cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                                        const Tensor& v, const Tensor& cq, const Tensor& ck,
-                                       const kernels::AttentionParams& p) {
+                                       const kernels::AttentionParams& p, cuda::FlashBlockMask& mask_storage) {
   KESTREL_CHECK(q.dtype() == DType::BF16 || q.dtype() == DType::F16, "attention",
                 "CUDA attention runs in bf16 or f16, got ", dtype_name(q.dtype()), " (cast q, k, v first)");
   KESTREL_CHECK(cq.dtype() == DType::I32 && ck.dtype() == DType::I32, "attention", "cu_seqlens must be i32");
@@ -38,12 +38,30 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
   f.deterministic = p.deterministic;
   // i32 [docs] on q's device, checked by the op layer (src/attention.cpp)
   if (p.prefix_len.defined()) f.prefix_len = static_cast<const int32_t*>(p.prefix_len.data_ptr());
+  if (p.block_mask.defined()) {  // on q's device, shapes checked by the op layer (src/attention.cpp)
+    const BlockMask& m = p.block_mask;
+    auto i32 = [](const Tensor& t) { return static_cast<const int32_t*>(t.data_ptr()); };
+    auto u32 = [](const Tensor& t) { return static_cast<const uint32_t*>(t.data_ptr()); };
+    // An empty list or no PARTIAL tile still needs non-null arrays (they are never read then).
+    const int32_t* ptr = i32(m.q_ptr);
+    cuda::FlashBlockMask& b = mask_storage;  // outlives the launch: the caller's
+    b.q_ptr = ptr;
+    b.q_kblock = m.nnz() > 0 ? i32(m.q_kblock) : ptr;
+    b.q_kind = m.nnz() > 0 ? i32(m.q_kind) : ptr;
+    b.k_ptr = i32(m.k_ptr);
+    b.k_qblock = m.nnz() > 0 ? i32(m.k_qblock) : ptr;
+    b.k_kind = m.nnz() > 0 ? i32(m.k_kind) : ptr;
+    b.bits = m.partials() > 0 ? u32(m.bits) : reinterpret_cast<const uint32_t*>(ptr);
+    b.bits_t = m.partials() > 0 ? u32(m.bits_t) : reinterpret_cast<const uint32_t*>(ptr);
+    f.block_mask = &b;
+  }
   return f;
 }
 
 void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cq, const Tensor& ck, const kernels::AttentionParams& p) {
-  cuda::flash_attention_forward(make_params(out, lse, q, k, v, cq, ck, p), cuda::current_stream());
+  cuda::FlashBlockMask mask;
+  cuda::flash_attention_forward(make_params(out, lse, q, k, v, cq, ck, p, mask), cuda::current_stream());
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 
@@ -51,7 +69,8 @@ void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& d
                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cq,
                              const Tensor& ck, const kernels::AttentionParams& p) {
   cuda::FlashAttentionBackwardParams b{};
-  b.fwd = make_params(out, lse, q, k, v, cq, ck, p);
+  cuda::FlashBlockMask mask;
+  b.fwd = make_params(out, lse, q, k, v, cq, ck, p, mask);
   b.dout = dout.data_ptr();
   b.dq = dq.data_ptr();
   b.dk = dk.data_ptr();

@@ -29,6 +29,9 @@
 // no wgmma is in flight (elsewhere ptxas injects warpgroup.arrive, C7519). Blocks wait
 // only on blocks of lower index, which the hardware schedules first (FA3's deterministic mode and
 // CUTLASS's serial split-K rely on the same order).
+// kBlockMask (one key block of the mask per block): the block walks only the query tiles of the
+// query blocks its key block lists (bwd_tile), and a PARTIAL tile's transposed bits (bits_t: per
+// key, kBr/32 words of this tile's queries, loaded in the masked branch only) zero P^T, hence dS^T.
 #pragma once
 
 #include <cmath>
@@ -49,8 +52,8 @@ constexpr size_t bwd_wgmma_smem_bytes() {
   return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
-template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix>
-__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a) {
+template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
+__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const int g = lane / 4, c = lane % 4;
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
-      bwd_tile<kBc, kBr, kPrefix>(p, n_block, doc);
+      bwd_tile<kBc, kBr, kPrefix, kBlockMask>(p, n_block, doc, kBlockMask ? &mask : nullptr);
   if (n0 >= len_k) return;
   const int D = p.head_dim;
 
@@ -91,8 +94,17 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, len_k - n0, D, tid);
   load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, len_k - n0, D, tid);
 
+  const int mask_base = kBlockMask ? mask.k_ptr[n_block] : 0;  // the key block's first list entry
   auto tile_head = [&](int it) { return hk * group + it / tiles_per_head; };
-  auto tile_m0 = [&](int it) { return (m_begin + it % tiles_per_head) * kBr; };
+  auto tile_m0 = [&](int it) {
+    if constexpr (kBlockMask) return bwd_mask_tile_m0<kBr>(mask, mask_base, it % tiles_per_head);
+    return (m_begin + it % tiles_per_head) * kBr;
+  };
+  // Block mask: the kind of tile it's list entry (-1 FULL, else the index of its bits).
+  auto tile_kind = [&](int it) {
+    if constexpr (kBlockMask) return mask.k_kind[bwd_mask_entry<kBr>(mask_base, it % tiles_per_head)];
+    return -1;
+  };
   auto prefetch = [&](int it) {
     const int h = tile_head(it), m0 = tile_m0(it), buf = it % kBufs;
     const int64_t qo = (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
@@ -157,7 +169,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
   };
-  auto compute_p = [&](int buf, int m0, const float2 (&lse)[kBr / 8]) {
+  auto compute_p = [&](int buf, int m0, const float2 (&lse)[kBr / 8], int kind) {
     const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off) ||
                            tile_crosses_window(p, m0 + kBr - 1, n0w, off);
     auto body = [&](auto masked) {
@@ -183,6 +195,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     };
     if (need_mask) body(std::true_type{});
     else body(std::false_type{});
+    if constexpr (kBlockMask) {  // PARTIAL tile: P^T = 0 where the bit is clear (one word live at a time)
+      if (kind >= 0)
+        bwd_apply_mask_bits<kBr>(s, mask.bits_t + static_cast<int64_t>(kind) * (kBlockMaskBlock * 4), wg * 64 + key_lo,
+                                 m0 % kBlockMaskBlock, c);
+    }
 #pragma unroll
     for (int kk = 0; kk < kKs; ++kk) {
       pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -272,7 +289,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     if constexpr (kEarlyLse) load_lse(buf, lse);
     wgmma_wait<1>();
     fence_regs(s);
-    compute_p(buf, tile_m0(it), lse);
+    compute_p(buf, tile_m0(it), lse, tile_kind(it));
     wgmma_wait<0>();
     fence_regs(dp);
     compute_ds(buf, sdS0 + (it & 1) * kSBytes);
@@ -325,13 +342,15 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
 }
 
-template <typename T, int kD, bool kDeterministic, bool kPrefix>
+template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
+  static_assert(!kBlockMask || (!kDeterministic && !kPrefix), "the block mask is built alone");
   using Tr = WgmmaBwdTraits<kD>;
   constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
-  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix>;
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a);
+  const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};
+  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

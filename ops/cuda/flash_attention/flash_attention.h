@@ -36,6 +36,26 @@ enum class AttnDType { BF16, F16 };
 //            head dim zero-padded to 256 (the path of head dims above 128 today).
 enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 
+// Block-sparse 2-D mask over one document (kestrel::BlockMask in kestrel/ops/attention.h, on the
+// device): 128 x 128 tiles; per query block a sorted list of key blocks (q_ptr / q_kblock), each
+// FULL (kind -1) or PARTIAL (kind = index p of bits[p]: [128 query rows][4 words], bit = key
+// visible), and the transposed view per key block (k_ptr / k_qblock / k_kind, bits_t[p]: [128 keys]
+// [4 words], bit = query). Unlisted tiles are skipped by both directions. FlashAttentionParams holds
+// a host pointer to it (the launchers pass the struct to the masked kernels as an argument of its
+// own: a by-value member would grow the dense kernels' parameter block, and ptxas then changes their
+// code; with one pointer their machine code stays byte-identical).
+constexpr int kBlockMaskBlock = 128;
+struct FlashBlockMask {
+  const int32_t* q_ptr = nullptr;  // [q_blocks + 1]; nullptr = no mask
+  const int32_t* q_kblock = nullptr;
+  const int32_t* q_kind = nullptr;
+  const int32_t* k_ptr = nullptr;  // [k_blocks + 1]
+  const int32_t* k_qblock = nullptr;
+  const int32_t* k_kind = nullptr;
+  const uint32_t* bits = nullptr;    // [partials][128][4]
+  const uint32_t* bits_t = nullptr;  // [partials][128][4]
+};
+
 struct FlashAttentionParams {
   const void* q;                // [total_q, Hq, D] contiguous
   const void* k;                // [total_k, Hkv, D]
@@ -65,6 +85,12 @@ struct FlashAttentionParams {
   // Backward only: add the key blocks' dq partials in a fixed order (bitwise-reproducible dq).
   // Implemented by the Hopper backward (head dims up to 128); refused on the mma.sync path.
   bool deterministic = false;
+  // Block-sparse 2-D mask (non-null = on): causal false, no window / prefix, one
+  // document (num_docs 1, max_seqlen_q/k = total_q/k). The Hopper kernels only (head dims 64 and 128
+  // and those padded to them), not deterministic. The forward visits only its query block's listed
+  // key tiles and applies the bits of PARTIAL ones (-inf before the softmax); the backward visits
+  // only its key block's listed query tiles and applies the transposed bits to P.
+  const FlashBlockMask* block_mask = nullptr;  // host pointer (the struct's arrays are on the device)
 };
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);

@@ -13,9 +13,14 @@
 // the next document: S masks them (P = 0), and before its first P V GEMM the block zeroes those V
 // rows (once per block, one barrier), so that 0 * (a non-finite value of another document) never
 // reaches the output: the same result as zero-filled rows.
+// kBlockMask (TmaFwdMaskTraits: 128-row blocks = one query block of the mask): the block walks only
+// the key tiles its query block lists (last first), applies a PARTIAL tile's bits to S before the
+// softmax (-inf where clear; fwd_apply_mask_bits) and skips the V-tail clearing (one document
+// spanning the tensor: the rows past its end are TMA's zero fill).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/flash_attention/device_primitives.cuh"
 #include "cuda/flash_attention/fwd_mainloop.cuh"
@@ -27,10 +32,11 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix>
+template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix, bool kBlockMask>
 __global__ void __launch_bounds__(kWG * 128, 1)
     flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
-                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                         const FlashBlockMask mask) {
   constexpr int kBr = kWG * 64;
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128, zero past the head dim)
   constexpr int kNs = kBc / 2;   // S accumulator floats per thread
@@ -53,7 +59,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, kPrefix>(p);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, kPrefix, kBlockMask>(p, kBlockMask ? &mask : nullptr);
   const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
   if (m0 >= len_q) return;
   // The loads are issued by the first thread of the last warpgroup: under ping-pong scheduling that
@@ -61,17 +67,24 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   const bool producer = tid == (kWG - 1) * 128;
   const int wg_row0 = m0 + wg * 64;               // first query row of this warpgroup
   const int row_base = wg_row0 + wwarp * 16 + g;  // rows row_base and row_base + 8 of this thread
+  // Block mask: the query block's first entry in the row view.
+  const int mask_base = kBlockMask ? mask.q_ptr[m0 / kBlockMaskBlock] : 0;
 
-  // Tile j (processing order) is key block n_blocks - 1 - j; it sits in slot j % kStages.
+  // Tile j (processing order) is key block n_blocks - 1 - j (with a block mask, the key block of
+  // that list entry); it sits in slot j % kStages.
+  auto key_block = [&](int j) {
+    if constexpr (kBlockMask) return mask.q_kblock[fwd_mask_entry(mask_base, n_blocks, j)];
+    return n_blocks - 1 - j;
+  };
   auto load_k = [&](int j) {
     mbar_arrive_expect_tx(full_k(j % kStages), kKVBytes);
     tma_load_tile<kBc, kDs>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
-                           k_start + (n_blocks - 1 - j) * kBc);
+                           k_start + key_block(j) * kBc);
   };
   auto load_v = [&](int j) {
     mbar_arrive_expect_tx(full_v(j % kStages), kKVBytes);
     tma_load_tile<kBc, kDs>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
-                           k_start + (n_blocks - 1 - j) * kBc);
+                           k_start + key_block(j) * kBc);
   };
   if (producer) {
     prefetch_tma_map(&tq);
@@ -107,7 +120,12 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto issue_qk = [&](int slot) { wgmma_issue_qk<T, kD, kBr, kBc>(s, sQ, sK + slot * kKVBytes, wg); };
   auto issue_pv = [&](int slot) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + slot * kKVBytes); };
   auto softmax = [&](int j, float (&alpha)[2]) {
-    const int n0 = (n_blocks - 1 - j) * kBc;
+    const int n0 = key_block(j) * kBc;
+    if constexpr (kBlockMask) {  // PARTIAL tile: the bits (the document-end mask below still applies)
+      const int kind = mask.q_kind[fwd_mask_entry(mask_base, n_blocks, j)];
+      if (kind >= 0)
+        fwd_apply_mask_bits(s, mask.bits + static_cast<int64_t>(kind) * (kBlockMaskBlock * 4), row_base - m0, c);
+    }
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
                            tile_crosses_window(p, wg_row0 + 63, n0, off);
     sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, row_base, off, c, sl2, alpha);
@@ -118,6 +136,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto phase = [](int j) { return static_cast<uint32_t>((j / kStages) & 1); };
   // Zeroes V rows of tile 0 (slot 0, landed) past the document's end; block-uniform condition.
   auto clear_v_tail = [&] {
+    if constexpr (kBlockMask) return;  // one document: rows past its end are past the tensor (zero fill)
     const int valid = len_k - (n_blocks - 1) * kBc;
     if (valid >= kBc) return;
     constexpr int kChunks = kBc * (kDs / 8);  // 16-byte chunks of the tile
@@ -199,9 +218,9 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
-template <typename T, int kD, bool kPrefix>
+template <typename T, int kD, bool kPrefix, bool kBlockMask>
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
-  using Tr = TmaFwdTraits<kD>;
+  using Tr = std::conditional_t<kBlockMask, TmaFwdMaskTraits, TmaFwdTraits<kD>>;
   constexpr int kBr = Tr::kWG * 64, kBc = Tr::kBc, kStages = Tr::kStages;
   static_assert(!Tr::kPingPong || Tr::kWG == 2, "ping-pong alternates two warpgroups");
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
@@ -209,9 +228,10 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   constexpr size_t smem =
       static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);
-  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix>;
+  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv);
+  const FlashBlockMask mask = kBlockMask ? *p.block_mask : FlashBlockMask{};
+  kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv, mask);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

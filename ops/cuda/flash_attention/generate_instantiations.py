@@ -10,7 +10,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 DTYPES = {"bf16": "__nv_bfloat16", "f16": "__half"}
 # Head dims of the Hopper kernels: 64 and 128 (shared tiles as wide as the head dim) and the narrow
 # widths (traits.h, kernel_smem_dim: shared tiles padded to 128, GEMMs at this width); the narrow ones
-# are built without the deterministic and prefix-LM variants (heuristics.cpp pads those to 128).
+# are built without the deterministic, prefix-LM and block-mask variants (heuristics.cpp pads those to 128).
 WIDE = (64, 128)
 NARROW = (80, 96, 112)
 
@@ -27,6 +27,10 @@ def instantiations():
                 yield (f"fwd_tma_{dt}_d{d}{suffix}", "fwd_tma_kernel.cuh",
                        f"template void launch_fwd_tma<{T}, {d}, {cpp(prefix)}>(const FlashAttentionParams&, cudaStream_t);",
                        f"TMA-fed Hopper forward, {dt}, head dim {d}{', prefix-LM mask' if prefix else ''}")
+        for d in WIDE:  # block-sparse 2-D mask (alone: no prefix-LM, not deterministic)
+            yield (f"fwd_tma_{dt}_d{d}_blockmask", "fwd_tma_kernel.cuh",
+                   f"template void launch_fwd_tma<{T}, {d}, false, true>(const FlashAttentionParams&, cudaStream_t);",
+                   f"TMA-fed Hopper forward, {dt}, head dim {d}, block-sparse mask")
         yield (f"fwd_mma_{dt}", "fwd_mma_kernel.cuh",
                f"template void launch_fwd_mma<{T}>(const FlashAttentionParams&, cudaStream_t);",
                f"mma.sync forward, {dt}, head dim 256")
@@ -38,6 +42,10 @@ def instantiations():
                     yield (f"bwd_wgmma_{dt}_d{d}{suffix}", "bwd_wgmma_kernel.cuh",
                            f"template void launch_bwd_wgmma<{T}, {d}, {cpp(det)}, {cpp(prefix)}>(const BwdArgs&, cudaStream_t);",
                            f"Hopper wgmma backward, {dt}, head dim {d}{what}")
+        for d in WIDE:
+            yield (f"bwd_wgmma_{dt}_d{d}_blockmask", "bwd_wgmma_kernel.cuh",
+                   f"template void launch_bwd_wgmma<{T}, {d}, false, false, true>(const BwdArgs&, cudaStream_t);",
+                   f"Hopper wgmma backward, {dt}, head dim {d}, block-sparse mask")
         yield (f"bwd_mma_{dt}", "bwd_mma_kernel.cuh",
                f"template void launch_bwd_mma<{T}>(const BwdArgs&, cudaStream_t);",
                f"mma.sync backward, {dt}, head dim 256")

@@ -52,6 +52,19 @@ void check_params(const FlashAttentionParams& p) {
                 "a sliding window is implemented for causal attention only (window ", p.window, ", causal false)");
   KESTREL_CHECK(!p.prefix_len || (p.causal && p.window == 0), "flash_attention",
                 "a prefix-LM mask (prefix_len) needs causal attention without a window");
+  if (p.block_mask) {
+    const FlashBlockMask& m = *p.block_mask;
+    KESTREL_CHECK(!p.causal && p.window == 0 && !p.prefix_len, "flash_attention",
+                  "a block mask combines with causal = false only (no window, no prefix_len)");
+    KESTREL_CHECK(p.num_docs == 1 && p.max_seqlen_q == p.total_q && p.max_seqlen_k == p.total_k, "flash_attention",
+                  "a block mask describes one document spanning q and k: num_docs 1 and max_seqlen_q/k = total_q/k, "
+                  "got ", p.num_docs, " documents, max_seqlen ", p.max_seqlen_q, "/", p.max_seqlen_k, ", total ",
+                  p.total_q, "/", p.total_k);
+    KESTREL_CHECK(m.q_ptr && m.q_kblock && m.q_kind && m.k_ptr && m.k_qblock && m.k_kind && m.bits && m.bits_t,
+                  "flash_attention", "block mask: every array of FlashBlockMask must be set");
+    KESTREL_CHECK(reinterpret_cast<uintptr_t>(m.bits) % 16 == 0 && reinterpret_cast<uintptr_t>(m.bits_t) % 16 == 0,
+                  "flash_attention", "block mask: bits and bits_t must be 16-byte aligned");
+  }
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   KESTREL_CHECK(aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out), "flash_attention",
                 "q, k, v and out must be 16-byte aligned");
@@ -73,7 +86,7 @@ int hopper_head_dim(const FlashAttentionParams& p, bool backward, bool narrow) {
   if (p.head_dim <= 64) return 64;  // 8..56: padded to 64 (one k-step of 16 is the floor below 64 too)
   const int rounded = (p.head_dim + 15) / 16 * 16;
   // The narrow widths are built without the prefix-LM and deterministic variants (traits.h).
-  const bool variant = p.prefix_len != nullptr || (backward && p.deterministic);
+  const bool variant = p.prefix_len != nullptr || p.block_mask != nullptr || (backward && p.deterministic);
   if (!narrow || variant || !is_narrow_head_dim(rounded)) return 128;
   return rounded;
 }
@@ -92,6 +105,12 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                   p.head_dim);
     c.kernel_head_dim = hopper_head_dim(p, backward, narrow);
   }
+  KESTREL_CHECK(!p.block_mask || k == FlashKernel::Hopper, "flash_attention",
+                "a block mask is implemented by the Hopper kernels (sm_90, head_dim <= 128); head_dim ", p.head_dim,
+                " on sm_", dev.cc_major, dev.cc_minor, " would run the mma.sync kernels, which do not implement it");
+  KESTREL_CHECK(!(backward && p.deterministic && p.block_mask), "flash_attention",
+                "the deterministic backward is not built with a block mask (its dq order assumes contiguous key "
+                "ranges); pass deterministic = false");
   KESTREL_CHECK(!(backward && p.deterministic && k == FlashKernel::MmaSync), "flash_attention",
                 "deterministic backward is implemented by the Hopper kernel (sm_90, head_dim <= 128); head_dim ",
                 p.head_dim, " on sm_", dev.cc_major, dev.cc_minor, " runs the mma.sync kernel, which adds dq in "

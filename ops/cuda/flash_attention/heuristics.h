@@ -22,14 +22,14 @@ struct KernelChoice {
   int kernel_head_dim;
 };
 // The Hopper kernels' head dim for p: 64 for head_dim <= 64 (padded); in (64, 128) head_dim rounded
-// up to 16 (the narrow kernels 80/96/112, traits.h), except 128 for 120, for the prefix-LM mask and
-// for a deterministic backward (not built narrow), and when `narrow` is false (FlashKernel::HopperPadded);
+// up to 16 (the narrow kernels 80/96/112, traits.h), except 128 for 120, for the prefix-LM and block
+// masks and for a deterministic backward (not built narrow), and when `narrow` is false (FlashKernel::HopperPadded);
 // 128 for 128.
 int hopper_head_dim(const FlashAttentionParams& p, bool backward, bool narrow);
 // Auto: Hopper (sm_90) and head_dim <= 128 -> the Hopper kernels at hopper_head_dim; otherwise the
 // mma.sync kernels at 256. Explicit choices are checked against what they can run; throws
 // kestrel::Error "[flash_attention] ..." when they cannot (or when `deterministic` asks for it on
-// the mma.sync backward). Announces a padded head dim once (log line).
+// the mma.sync backward, or for a block mask outside the Hopper kernels / with `deterministic`). Announces a padded head dim once (log line).
 KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev, bool backward);
 
 // Every check on the parameters both directions share; throws kestrel::Error naming flash_attention.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -63,8 +64,10 @@ __device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int
 __device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
   return p.window > 0 && j_min <= i_max + off - p.window;
 }
-template <int kBr, int kBc, bool kPrefix>
-__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
+// kBlockMask (kBr = kBc = 128, one document): n_blocks = the number of key blocks its query block
+// lists (tile j is the listed block n_blocks - 1 - j, fwd_mask_key_block), n_first = 0.
+template <int kBr, int kBc, bool kPrefix, bool kBlockMask = false>
+__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p, const FlashBlockMask* mask = nullptr) {
   FwdTile t;
   t.h = blockIdx.x;
   t.hk = t.h / (p.num_heads_q / p.num_heads_kv);
@@ -81,6 +84,12 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
   t.n_blocks = n_end > 0 ? (n_end + kBc - 1) / kBc : 0;
   // The tile's first row sees keys from m0 + off - window + 1 on: earlier key tiles are skipped.
   t.n_first = p.window > 0 ? min(t.n_blocks, max(0, t.m0 + t.off - p.window + 1) / kBc) : 0;
+  if constexpr (kBlockMask) {
+    static_assert(kBr == kBlockMaskBlock && kBc == kBlockMaskBlock, "one mask tile per forward tile");
+    const int qb = t.m0 / kBlockMaskBlock;
+    t.n_blocks = mask->q_ptr[qb + 1] - mask->q_ptr[qb];
+    t.n_first = 0;
+  }
   return t;
 }
 
@@ -91,8 +100,12 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p) {
 struct BwdTile {
   int q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter;
 };
-template <int kBc, int kBr, bool kPrefix>
-__device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc) {
+// kBlockMask (kBc = 128, one document): the query tiles of the query blocks its key block lists,
+// 128 / kBr per block (fewer for a last query block shorter than 128); m_begin = 0, tile t of a head
+// is sub-tile t % (128 / kBr) of listed block t / (128 / kBr) (bwd_mask_tile_m0).
+template <int kBc, int kBr, bool kPrefix, bool kBlockMask = false>
+__device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n_block, int doc,
+                                            const FlashBlockMask* mask = nullptr) {
   BwdTile t;
   t.q_start = p.cu_seqlens_q[doc];
   t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
@@ -109,8 +122,64 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
     m_end = i_last < 0 ? 0 : min(m_end, i_last / kBr + 1);
   }
   t.tiles_per_head = max(0, m_end - t.m_begin);
+  if constexpr (kBlockMask) {
+    static_assert(kBc == kBlockMaskBlock && kBlockMaskBlock % kBr == 0, "query tiles subdivide a mask block");
+    constexpr int kSub = kBlockMaskBlock / kBr;
+    const int base = mask->k_ptr[n_block], count = mask->k_ptr[n_block + 1] - base;
+    int tiles = count * kSub;
+    const int last_qb = (t.len_q - 1) / kBlockMaskBlock;  // listed last: the lists are sorted
+    if (count > 0 && mask->k_qblock[base + count - 1] == last_qb)
+      tiles -= kSub - (t.len_q - last_qb * kBlockMaskBlock + kBr - 1) / kBr;
+    t.m_begin = 0;
+    t.tiles_per_head = tiles;
+  }
   t.n_iter = t.tiles_per_head * t.group;
   return t;
+}
+
+// Block mask: the key block of forward tile j (processing order, last listed first) of the query
+// block whose list starts at entry `base`, and that entry's kind (-1 FULL, else the bits' index).
+__device__ __forceinline__ int fwd_mask_entry(int base, int n_blocks, int j) { return base + n_blocks - 1 - j; }
+// Block mask: the first query row of backward tile t (of one head) of the key block whose list
+// starts at entry `base`, and the list entry it belongs to.
+template <int kBr>
+__device__ __forceinline__ int bwd_mask_entry(int base, int t) { return base + t / (kBlockMaskBlock / kBr); }
+template <int kBr>
+__device__ __forceinline__ int bwd_mask_tile_m0(const FlashBlockMask& mask, int base, int t) {
+  return mask.k_qblock[bwd_mask_entry<kBr>(base, t)] * kBlockMaskBlock + (t % (kBlockMaskBlock / kBr)) * kBr;
+}
+
+// Block mask, PARTIAL tile: P^T (the backward's m64n{kBr} accumulator of this thread's keys `key`
+// and key + 8 of the tile, queries q0 + 8j + 2c + (e & 1) of the tile, q0 = 0 or 64) set to 0 where
+// the tile's transposed bits are clear; one word loaded and applied at a time (register pressure).
+template <int kBr>
+__device__ __forceinline__ void bwd_apply_mask_bits(float (&s)[kBr / 2], const uint32_t* tile_bits_t, int key, int q0,
+                                                    int c) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int w = 0; w < kBr / 32; ++w) {
+      const uint32_t word = __ldg(tile_bits_t + (key + 8 * r) * 4 + q0 / 32 + w);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          if (!((word >> (8 * jj + 2 * c + b)) & 1u)) s[4 * (4 * w + jj) + 2 * r + b] = 0.f;
+    }
+}
+
+// Block mask, PARTIAL tile: S (the forward's m64n128 accumulator of this thread's rows `row` and
+// row + 8 of the tile, columns 8j + 2c + (e & 1)) set to -inf where the tile's row-layout bits are
+// clear. One 16-byte load per row.
+__device__ __forceinline__ void fwd_apply_mask_bits(float (&s)[64], const uint32_t* tile_bits, int row, int c) {
+  const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(tile_bits) + row);
+  const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(tile_bits) + row + 8);
+  const uint32_t w[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!((w[e >> 1][j / 4] >> (8 * (j % 4) + 2 * c + (e & 1))) & 1u)) s[4 * j + e] = -INFINITY;
 }
 
 // Deterministic backward: of the key blocks of a document that add into query tile m (kBr rows),

@@ -28,6 +28,13 @@ struct TmaFwdTraits { static constexpr int kWG = 2, kBc = 128, kStages = 2; stat
 template <>
 struct TmaFwdTraits<64> { static constexpr int kWG = 3, kBc = 128, kStages = 2; static constexpr bool kPingPong = false; };
 
+// The Hopper forward with a block mask (kBlockMask): 128-row query tiles at both head dims, so one
+// block owns exactly one query block of the mask (kBlockMaskBlock; head dim 64 drops to 2 warpgroups
+// from the dense kernel's 3), 128-key tiles = one key block.
+struct TmaFwdMaskTraits { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
+static_assert(TmaFwdMaskTraits::kWG * 64 == kBlockMaskBlock && TmaFwdMaskTraits::kBc == kBlockMaskBlock,
+              "a masked forward block owns one 128 x 128 tile row");
+
 // mma.sync forward (fwd_mma_kernel.cuh), built at head dim 256 only: one block of kBr query rows
 // (16*kMT per warp) walks kBc-wide key tiles.
 struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1; };
@@ -36,6 +43,9 @@ struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1
 // (64 with 128-column shared tiles, narrow head dims included).
 template <int kD>
 struct WgmmaBwdTraits { static constexpr int kBc = 128, kBr = kernel_smem_dim(kD) == 128 ? 64 : 128; };
+static_assert(WgmmaBwdTraits<64>::kBc == kBlockMaskBlock && kBlockMaskBlock % WgmmaBwdTraits<64>::kBr == 0 &&
+                  kBlockMaskBlock % WgmmaBwdTraits<128>::kBr == 0,
+              "a backward block owns one key block of the mask; its query tiles subdivide query blocks");
 
 // mma.sync backward (bwd_mma_kernel.cuh), head dim 256: one block owns kBc keys (16 per warp) of one
 // KV head and kDC of its output columns, and walks kBr-row query tiles of every query head of its group.
@@ -55,13 +65,15 @@ struct BwdArgs {
   int total_q;
 };
 
-// kPrefix: p.prefix_len is set (prefix-LM mask); a template flag so that the kernels without it keep
-// the plain causal code and registers.
-template <typename T, int kD, bool kPrefix>  // kD 64, 80, 96, 112, 128 (kPrefix: 64, 128); needs p.total_q / p.total_k
+// kPrefix: p.prefix_len is set (prefix-LM mask); kBlockMask: p.block_mask is set (built at 64 and
+// 128 only, without kPrefix / kDeterministic). Template flags so that the kernels without them keep
+// the plain code and registers; kBlockMask defaults to false so the dense instantiations keep their
+// names.
+template <typename T, int kD, bool kPrefix, bool kBlockMask = false>  // kD 64, 80, 96, 112, 128 (flags: 64, 128)
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream);
-template <typename T, int kD, bool kDeterministic, bool kPrefix>  // kD as launch_fwd_tma (flags: 64, 128)
+template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask = false>  // kD as launch_fwd_tma
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream);
