@@ -11,6 +11,7 @@
 
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/models/config.h"
+#include "kestrel/models/decoder.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "kestrel/runtime/memory_budget.h"
@@ -106,9 +107,60 @@ class Planner {
     led.free(MemoryTag::Workspace, bytes);
   }
 
+  // --- FP8 projections (fp8.enabled: kestrel/ops/fp8.h, linear_fp8 in ops/src/fp8.cpp) ---
+  // Each projection keeps X8T [K, Tp] (1 byte per element, T padded to a multiple of 16) and the f32
+  // {1/scale, scale} pairs of its input and weight casts instead of a bf16 input; the casts' plain
+  // copies, the weights' W8 / W8T and the output gradient's casts live only inside the op.
+  bool fp8_ = false;
+  static constexpr int64_t kFp8Scales = 8;  // an Fp8Tensor's f32 [2]
+  int64_t Tp() const { return (s_.T + 15) / 16 * 16; }
+  // What linear_fp8 keeps for backward: X8T of its input and the scales of that cast and of each weight's.
+  int64_t fp8_kept(int64_t K, int64_t weights) const { return K * Tp() + kFp8Scales * (1 + weights); }
+  // linear_fp8(x [T, K], weights [N_i, K]) forward: x padded to Tp rows (a copy when T is not a multiple
+  // of 16) and cast once (X8 [Tp, K], and X8T [K, Tp] when recording); per weight its cast W8 [N, K],
+  // the GEMM's [Tp, N] (narrowed into a [T, N] copy when padded; the bias added out of place), W8 gone
+  // after the GEMM; X8 and the padded copy go when the call returns. The outputs stay; recording keeps
+  // fp8_kept(K, weights).
+  void fp8_linear_forward(MemoryTag tag, int64_t K, std::initializer_list<int64_t> Ns, bool record, bool bias) {
+    const int64_t T = s_.T, Tp = this->Tp(), b = s_.b, pad = T != Tp ? Tp * K * b : 0;
+    led.alloc(tag, pad);
+    led.alloc(tag, kFp8Scales + Tp * K + (record ? K * Tp : 0));
+    for (int64_t N : Ns) {
+      led.alloc(tag, kFp8Scales + N * K);  // W8 and its scales (kept by the backward closure)
+      led.alloc(tag, Tp * N * b);           // the GEMM's output
+      if (T != Tp) {
+        led.alloc(tag, T * N * b);
+        led.free(tag, Tp * N * b);
+      }
+      if (bias) {
+        led.alloc(tag, T * N * b);
+        led.free(tag, T * N * b);
+      }
+      led.free(tag, N * K + (record ? 0 : kFp8Scales));
+    }
+    led.free(tag, pad + Tp * K + (record ? 0 : kFp8Scales));
+  }
+  // linear_fp8's backward of one weight [N, K], live while its GEMMs write dx [T, K] and dW [N, K] (which
+  // the caller allocates as for a bf16 linear): dY padded to Tp rows (a copy when padded) and cast
+  // plain (dgrad) and transposed (wgrad) with its scales, W8T [K, N] re-cast with its scales, and the
+  // [Tp, K] dx before its narrowed copy when padded.
+  int64_t fp8_backward_scratch(int64_t N, int64_t K) const {
+    const int64_t T = s_.T, Tp = this->Tp(), b = s_.b;
+    return (T != Tp ? Tp * N * b + Tp * K * b : 0) + 2 * kFp8Scales + 2 * Tp * N + K * N;
+  }
+  // A projection's backward: dx and dW (allocated by `body`) with the FP8 scratch around them.
+  template <typename Body>
+  void projection_backward(int64_t N, int64_t K, Body&& body) {
+    const int64_t scratch = fp8_ ? fp8_backward_scratch(N, K) : 0;
+    led.alloc(kGrad, scratch);
+    body();
+    led.free(kGrad, scratch);
+  }
+
   // --- decoder layer (models/src/decoder.cpp: layer_forward) ---
   // Forward with recording: allocations in order; the saved set stays.
   void decoder_layer_forward_recorded(MemoryTag tag, bool rerun = false) {
+    if (fp8_) return decoder_layer_forward_recorded_fp8(tag, rerun);
     const int64_t T = s_.T, b = s_.b;
     const bool reuse_attention = rerun && selective_;  // a selective re-run takes the kept out and lse
     led.alloc(tag, T * C_ * b + T * 4);              // rms_norm y, rstd (saved)
@@ -132,6 +184,55 @@ class Planner {
     led.alloc(tag, T * C_ * b);                      // layer output (saved by the next consumer)
     led.free(tag, T * C_ * b);                       // down out released
   }
+  // The same with FP8 projections (the tiled MLP is refused with fp8): the norm outputs and the SwiGLU
+  // product are no longer kept (only their casts' X8T), the attention output keeps o_proj's X8T too.
+  void decoder_layer_forward_recorded_fp8(MemoryTag tag, bool rerun) {
+    const int64_t T = s_.T, b = s_.b, Q = T * Hq_ * D_ * b, Kv = T * Hkv_ * D_ * b;
+    const bool reuse_attention = rerun && selective_;
+    const auto& tc = mc_.text_config;
+    led.alloc(tag, T * C_ * b + T * 4);  // rms_norm y (until the attention block ends), rstd (saved)
+    fp8_linear_forward(tag, C_, {Hq_ * D_, Hkv_ * D_, Hkv_ * D_}, true, tc.qkv_bias());  // q, k, v
+    led.alloc(tag, Q);                   // rope(q) saved
+    led.free(tag, Q);                    // pre-rope q released
+    led.alloc(tag, Kv);                  // rope(k) saved
+    led.free(tag, Kv);                   // pre-rope k released
+    if (!reuse_attention) led.alloc(tag, attention_kept_bytes());  // attention out, lse (saved)
+    fp8_linear_forward(tag, Hq_ * D_, {C_}, true, tc.o_proj_bias());  // o_proj out (transient)
+    led.free(tag, T * C_ * b);           // the block's norm output: nothing keeps it
+    led.alloc(tag, 2 * T * C_ * b + T * 4);  // add_rms_norm y (until the layer returns), h, rstd (saved)
+    led.free(tag, T * C_ * b);           // o_proj out released
+    fp8_linear_forward(tag, C_, {I_, I_}, true, false);  // gate, up (saved by swiglu)
+    led.alloc(tag, T * I_ * b);          // swiglu
+    fp8_linear_forward(tag, I_, {C_}, true, false);  // down out (transient)
+    led.free(tag, T * I_ * b);           // swiglu out: only its cast is kept
+    led.alloc(tag, T * C_ * b);          // layer output (saved by the next consumer)
+    led.free(tag, 2 * T * C_ * b);       // down out, y
+  }
+  int64_t decoder_layer_saved_fp8() const {
+    const int64_t T = s_.T, b = s_.b, Q = T * Hq_ * D_ * b, Kv = T * Hkv_ * D_ * b;
+    return T * 4 + fp8_kept(C_, 3) + Q + 2 * Kv + attention_kept_bytes() + fp8_kept(Hq_ * D_, 1) + T * C_ * b +
+           T * 4 + fp8_kept(C_, 2) + 2 * T * I_ * b + fp8_kept(I_, 1) + T * C_ * b;
+  }
+  void decoder_layer_forward_nograd_fp8() {
+    const int64_t T = s_.T, b = s_.b, Q = T * Hq_ * D_ * b, Kv = T * Hkv_ * D_ * b;
+    const auto& tc = mc_.text_config;
+    led.alloc(kAct, T * C_ * b + T * 4);  // norm y, rstd
+    fp8_linear_forward(kAct, C_, {Hq_ * D_, Hkv_ * D_, Hkv_ * D_}, false, tc.qkv_bias());
+    led.alloc(kAct, Q);  // rope(q) while the pre-rope q is alive
+    led.free(kAct, Q);
+    led.alloc(kAct, Kv);
+    led.free(kAct, Kv);
+    led.alloc(kAct, attention_kept_bytes());  // attention out, lse
+    fp8_linear_forward(kAct, Hq_ * D_, {C_}, false, tc.o_proj_bias());  // o_proj out (stays)
+    // The attention block's locals (selective: out and lse stay).
+    led.free(kAct, T * C_ * b + T * 4 + Q + 2 * Kv + (selective_ ? 0 : attention_kept_bytes()));
+    led.alloc(kAct, 2 * T * C_ * b + T * 4);  // y, h, rstd
+    fp8_linear_forward(kAct, C_, {I_, I_}, false, false);  // gate, up
+    led.alloc(kAct, T * I_ * b);              // swiglu
+    fp8_linear_forward(kAct, I_, {C_}, false, false);  // down
+    led.alloc(kAct, T * C_ * b);              // output
+    led.free(kAct, T * C_ * b + 2 * T * C_ * b + T * 4 + 3 * T * I_ * b + T * C_ * b);
+  }
   // swiglu_mlp_tiled's [tile, I] buffers (ops/src/mlp.cpp), allocated and freed around its tile loop.
   void tile_scratch(MemoryTag tag, int buffers) {
     const int64_t bytes = buffers * std::min(mlp_tile_, s_.T) * I_ * s_.b;
@@ -139,12 +240,14 @@ class Planner {
     led.free(tag, bytes);
   }
   int64_t decoder_layer_saved() const {
+    if (fp8_) return decoder_layer_saved_fp8();
     const int64_t T = s_.T, b = s_.b;
     return T * C_ * b + T * 4 + T * Hq_ * D_ * b + 2 * T * Hkv_ * D_ * b + T * Hq_ * D_ * b + T * Hq_ * 4 +
            2 * T * C_ * b + T * 4 + (mlp_tile_ > 0 ? 0 : 3 * T * I_ * b) + T * C_ * b;
   }
   // Forward of a region without recording (no-grad): locals die with their scopes.
   void decoder_layer_forward_nograd() {
+    if (fp8_) return decoder_layer_forward_nograd_fp8();
     const int64_t T = s_.T, b = s_.b;
     int64_t attn = T * C_ * b + T * 4 + T * Hq_ * D_ * b + 2 * T * Hkv_ * D_ * b;
     led.alloc(kAct, attn);
@@ -189,23 +292,29 @@ class Planner {
       led.free(kAct, TC);  // y (saved by the tiled MLP)
     } else {
       // add(h2, m): both get g (no copy). down linear: dx [T, I], dW.
-      led.alloc(kGrad, TI);
-      pgrad(tb("mlp.down_proj.weight", C_ * I_ * b));
-      led.free(kAct, TI);  // the down entry's saved input (swiglu out)
+      projection_backward(C_, I_, [&] {
+        led.alloc(kGrad, TI);
+        pgrad(tb("mlp.down_proj.weight", C_ * I_ * b));
+      });
+      led.free(kAct, fp8_ ? fp8_kept(I_, 1) : TI);  // the down entry's saved input (swiglu out, or its X8T)
       // swiglu: dg, du; the incoming dx goes, then gate and up.
       led.alloc(kGrad, 2 * TI);
       led.free(kGrad, TI);
       led.free(kAct, 2 * TI);
       // up linear: dx [T, C], dW; gate linear: dx, dW; the second is accumulated out of place.
-      led.alloc(kGrad, TC);
-      pgrad(tb("mlp.up_proj.weight", I_ * C_ * b));
+      projection_backward(I_, C_, [&] {
+        led.alloc(kGrad, TC);
+        pgrad(tb("mlp.up_proj.weight", I_ * C_ * b));
+      });
       led.free(kGrad, TI);
-      led.alloc(kGrad, TC);
-      pgrad(tb("mlp.gate_proj.weight", I_ * C_ * b));
+      projection_backward(I_, C_, [&] {
+        led.alloc(kGrad, TC);
+        pgrad(tb("mlp.gate_proj.weight", I_ * C_ * b));
+      });
       led.free(kGrad, TI);
       led.alloc(kGrad, TC);  // clone + add
       led.free(kGrad, 2 * TC);
-      led.free(kAct, TC);  // y (saved by the gate/up linears)
+      led.free(kAct, fp8_ ? fp8_kept(C_, 2) : TC);  // y (saved by the gate/up linears), or its X8T
     }
     // add_rms_norm: dh, dw; gy and g are released; h2 and rstd go.
     led.alloc(kGrad, TC);
@@ -217,8 +326,11 @@ class Planner {
     if (region) led.alloc(kGrad, TC);  // the region input's gradient (a clone of d)
     // o_proj: dx [T, Hq*D], dW. attention: dq, dk, dv; saved q, k, v, out, lse go.
     const int64_t Q = T * Hq_ * D_ * b, K = T * Hkv_ * D_ * b;
-    led.alloc(kGrad, Q);
-    pgrad(tb("self_attn.o_proj.weight", C_ * Hq_ * D_ * b));
+    projection_backward(C_, Hq_ * D_, [&] {
+      led.alloc(kGrad, Q);
+      pgrad(tb("self_attn.o_proj.weight", C_ * Hq_ * D_ * b));
+    });
+    if (fp8_) led.free(kAct, fp8_kept(Hq_ * D_, 1));  // o_proj's X8T (attention keeps its own out)
     if (region) led.free(kGrad, TC);  // d, consumed by o_proj
     if (cuda_) {
       led.alloc(kGrad, Q + 2 * K);
@@ -236,20 +348,26 @@ class Planner {
     led.free(kGrad, K);
     led.alloc(kGrad, Q);
     led.free(kGrad, Q);
-    led.alloc(kGrad, TC);  // v: dx
-    pgrad(tb("self_attn.v_proj.weight", Hkv_ * D_ * C_ * b));
+    projection_backward(Hkv_ * D_, C_, [&] {
+      led.alloc(kGrad, TC);  // v: dx
+      pgrad(tb("self_attn.v_proj.weight", Hkv_ * D_ * C_ * b));
+    });
     led.free(kGrad, K);
-    led.alloc(kGrad, TC);  // k: dx
-    pgrad(tb("self_attn.k_proj.weight", Hkv_ * D_ * C_ * b));
+    projection_backward(Hkv_ * D_, C_, [&] {
+      led.alloc(kGrad, TC);  // k: dx
+      pgrad(tb("self_attn.k_proj.weight", Hkv_ * D_ * C_ * b));
+    });
     led.free(kGrad, K);
     led.alloc(kGrad, TC);
     led.free(kGrad, 2 * TC);
-    led.alloc(kGrad, TC);  // q: dx
-    pgrad(tb("self_attn.q_proj.weight", Hq_ * D_ * C_ * b));
+    projection_backward(Hq_ * D_, C_, [&] {
+      led.alloc(kGrad, TC);  // q: dx
+      pgrad(tb("self_attn.q_proj.weight", Hq_ * D_ * C_ * b));
+    });
     led.free(kGrad, Q);
     led.alloc(kGrad, TC);
     led.free(kGrad, 2 * TC);
-    led.free(kAct, TC);  // the norm output (saved by the q/k/v linears)
+    led.free(kAct, fp8_ ? fp8_kept(C_, 3) : TC);  // the norm output (saved by the q/k/v linears), or its X8T
     if (mc_.text_config.qkv_bias())
       pgrad(tb("self_attn.q_proj.bias", Hq_ * D_ * b) + tb("self_attn.k_proj.bias", Hkv_ * D_ * b) +
             tb("self_attn.v_proj.bias", Hkv_ * D_ * b));
@@ -495,6 +613,7 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   const bool post_ln = !mc.vision_feature_layer;
   P.LV_ = vlm ? mc.vision_blocks_used() : 0;
   P.selective_ = run.recompute_selective && policy != RecomputePolicy::None;
+  P.fp8_ = run.fp8;
   plan.layer_bytes_per_token = policy == RecomputePolicy::None
                                    ? P.decoder_layer_saved() / std::max<int64_t>(s.T, 1)
                                    : P.C_ * s.b + (P.selective_ ? P.Hq_ * P.D_ * s.b + P.Hq_ * 4 : 0);
@@ -520,6 +639,12 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
                                                                    : Cx * mc.text_config.vocab_size);
     L.alloc(MemoryTag::Parameter, last * 4);
     L.free(MemoryTag::Parameter, last * 4);
+  }
+  // fp8.enabled: the decoder's Fp8State (ops/src/fp8.cpp), made by enable_fp8 outside any tag scope:
+  // f32 amax [3 n], history [3 n, H] and scale [3 n] for its n = layers x 7 projections.
+  if (run.fp8) {
+    const int64_t rows = 3 * models::Decoder::kFp8LinearsPerLayer * mc.text_config.num_hidden_layers;
+    L.alloc(MemoryTag::Temporary, rows * (run.fp8_recipe.amax_history + 2) * 4);
   }
   // AdamW state (train/src/optimizer.cpp, one rule: optimizer_state_bytes_per_param): moments (f32,
   // or q8: 2 bytes + two f32 scales per 2048), plus f32 masters for 16-bit parameters unless
