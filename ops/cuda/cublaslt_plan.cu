@@ -44,8 +44,11 @@ int lt_alignment(const void* p, int64_t batch_stride_bytes, int64_t batch) {
   return a;
 }
 
-std::string lt_plan_key(std::initializer_list<int64_t> parts) {
-  return std::string(reinterpret_cast<const char*>(parts.begin()), parts.size() * sizeof(int64_t));
+std::string lt_plan_key(const char* op, std::initializer_list<int64_t> parts) {
+  std::string key(op);
+  key.push_back('\0');
+  key.append(reinterpret_cast<const char*>(parts.begin()), parts.size() * sizeof(int64_t));
+  return key;
 }
 
 LtPlan* lt_find_plan(const std::string& key) {

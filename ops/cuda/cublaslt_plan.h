@@ -41,8 +41,9 @@ struct LtPlan {
 // bytes): what the heuristic may assume about an operand.
 int lt_alignment(const void* p, int64_t batch_stride_bytes = 0, int64_t batch = 1);
 
-// A cache key from integer parts (their bytes). Callers list every part the plan depends on.
-std::string lt_plan_key(std::initializer_list<int64_t> parts);
+// A cache key: the caller's name (so two launchers' keys never collide) and the bytes of integer
+// parts. Callers list every part the plan depends on.
+std::string lt_plan_key(const char* op, std::initializer_list<int64_t> parts);
 
 // The cached plan for `key`, or nullptr.
 LtPlan* lt_find_plan(const std::string& key);

@@ -40,8 +40,9 @@ void fp8_gemm_cuda(const Tensor& out, const Tensor& a, Fp8Format fa, const Tenso
   void* ws = cuda::cublaslt_workspace(&ws_bytes);
   cublasLtHandle_t lt = cuda::cublaslt_handle();
   const int8_t fast = fast_accum ? 1 : 0;
-  const std::string key = lt_plan_key({M, N, K, static_cast<int64_t>(fa), static_cast<int64_t>(fb), fast, al_a, al_b,
-                                       al_c, cuda::current_device(), static_cast<int64_t>(ws_bytes)});
+  const std::string key =
+      lt_plan_key("fp8_gemm", {M, N, K, static_cast<int64_t>(fa), static_cast<int64_t>(fb), fast, al_a, al_b, al_c,
+                               cuda::current_device(), static_cast<int64_t>(ws_bytes)});
   LtPlan* plan = lt_find_plan(key);
   if (!plan) {
     auto fresh = std::make_unique<LtPlan>();

@@ -104,9 +104,10 @@ void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   size_t ws_bytes = 0;
   void* ws = cuda::cublaslt_workspace(&ws_bytes);
   cublasLtHandle_t lt = cuda::cublaslt_handle();
-  const std::string key = lt_plan_key({static_cast<int64_t>(dt), tf32, bias.defined(), beta != 0.0, Bg, Mg, N, K,
-                                       la.op, lb.op, la.ld, lb.ld, la.batch_stride, lb.batch_stride, al_a, al_b,
-                                       al_c, cuda::current_device(), static_cast<int64_t>(ws_bytes)});
+  const std::string key =
+      lt_plan_key("matmul", {static_cast<int64_t>(dt), tf32, bias.defined(), beta != 0.0, Bg, Mg, N, K, la.op, lb.op,
+                             la.ld, lb.ld, la.batch_stride, lb.batch_stride, al_a, al_b, al_c, cuda::current_device(),
+                             static_cast<int64_t>(ws_bytes)});
   LtPlan* plan = lt_find_plan(key);
   if (!plan) {
     auto fresh = std::make_unique<LtPlan>();
