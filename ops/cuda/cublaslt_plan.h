@@ -1,4 +1,5 @@
-// Private: the cuBLASLt plan cache shared by the GEMM launchers (matmul.cu, fp8_gemm.cu).
+// Private: the cuBLASLt plan cache shared by the GEMM launchers (matmul.cu, fp8_gemm.cu and
+// fused_linear_cross_entropy_gemm.cu).
 //
 // A plan is what one GEMM configuration needs from cuBLASLt: the matmul descriptor, the A, B and C
 // layouts (D is written in C's layout) and the heuristic's algorithm. It is built once per key and
