@@ -129,6 +129,24 @@ TEST(MemoryPlanCuda, MatchesProfileOnDecoderTokens) {
   fs::remove_all(dir);
 }
 
+// fp8.enabled (bf16, the planner's FP8 model: X8T kept, the casts' transients, the FP8 state) with
+// qkv biases and 1000 tokens (padded to 1008 for the FP8 GEMMs), every recompute setting.
+TEST(MemoryPlanCuda, MatchesProfileWithFp8) {
+  KESTREL_REQUIRE_GPU();
+  const std::string dir = testing::fresh_temp_dir("kestrel_mem_cuda", "fp8");
+  json text = {{"model_type", "qwen2"}, {"vocab_size", 256}, {"hidden_size", 128}, {"intermediate_size", 352},
+               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+  json cfg = testing::tiny_decoder_run(dir, text, 400, 13, /*seq_len=*/125, /*batch=*/8, "cuda");
+  cfg["precision"] = "bf16";
+  cfg["fp8"]["enabled"] = true;
+  cfg["mlp_tile_tokens"] = 0;
+  for (const char* recompute : {"none", "recompute", "selective"}) {
+    cfg["recompute"] = recompute;
+    expect_plan_matches(cfg, std::string("decoder fp8, 8 x 125 tokens, ") + recompute);
+  }
+  fs::remove_all(dir);
+}
+
 // Every file under `root` (relative path -> bytes).
 std::map<std::string, std::string> read_tree(const std::string& root) {
   std::map<std::string, std::string> files;
