@@ -236,6 +236,9 @@ TEST(Trainer, DecoderHeldOutLossOnEvalFiles) {
   json too_many = cfg;
   too_many["data"]["eval_samples"] = 1000;
   EXPECT_NE(message(too_many).find("data.eval_samples"), std::string::npos) << message(too_many);
+  json missing = cfg;
+  missing["data"]["eval_files"] = dir + "/eval/none_*.bin";
+  EXPECT_NE(message(missing).find("data.eval_files"), std::string::npos) << message(missing);
   json samples = plain;
   samples["sample_every"] = 5;
   EXPECT_NE(message(samples).find("sample_every"), std::string::npos) << message(samples);

@@ -226,7 +226,11 @@ class DecoderTask final : public Task {
       eval_samples_ = d["eval_samples"];
       KESTREL_CHECK(eval_samples_ > 0, "train", "data.eval_samples must be positive with data.eval_files, got ",
                     eval_samples_);
-      eval_ = std::make_unique<TokenStream>(eval_files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
+      try {
+        eval_ = std::make_unique<TokenStream>(eval_files, tc.vocab_size, d["doc_start_token"].get<int64_t>());
+      } catch (const Error& e) {
+        throw make_error("train", "data.eval_files: ", e.what());
+      }
       // Sequences wrap at the end of the stream: more than it holds would count tokens twice.
       const int64_t need = eval_samples_ * seq_len_ + 1;
       KESTREL_CHECK(eval_->size() >= need, "train", "data.eval_files holds ", eval_->size(), " tokens but data.eval_samples ",
