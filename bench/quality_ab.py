@@ -13,7 +13,7 @@ at the end (data.eval_files), and the bound is checked on that final held-out lo
 losses, each on one batch, swing with the batch's file; they are reported too).
 
 usage: bench/quality_ab.py --bin BIN [--a configs/llama_1b5_8k.json] [--b configs/llama_1b5_8k_compact.json]
-         [--a-label ...] [--b-label ...] [--b-set key=value ...] [--bound 0.02] [--steps 300]
+         [--a-label ...] [--b-label ...] [--b-set key=value ...] [--bound 0.02] [--steps 300] [--seeds 1,2,3]
          [--out bench/compact_quality] [--set key=value ...]   (--set: applied to both runs)
   compact AdamW (issue 21): the defaults.
   FP8 (issue 23): --a configs/llama_1b5_8k_selective.json --b configs/llama_1b5_8k_selective_fp8.json
@@ -158,7 +158,13 @@ def main():
     ap.add_argument("--a-from", default=None,
                     help="reuse run A's losses from an earlier OUT.json of the same --a, --steps and --set "
                          "(recipe sweeps; the summary names the file, and the final evidence re-runs both)")
+    ap.add_argument("--seeds", default="",
+                    help="comma-separated train.seed values: one A/B pair per seed (both runs of a pair share it); "
+                         "the bound is checked on the mean ratio, and the spread across seeds is reported")
     a = ap.parse_args()
+    seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+    if seeds and a.a_from:
+        sys.exit("--seeds and --a-from do not combine (a reused run A has one seed)")
     os.makedirs(a.work, exist_ok=True)
     tokens = os.path.join(a.work, "stdlib_bytes.bin")
     corpus, heldout_corpus = build_corpus(a.work, int(a.corpus_mb * 1e6), int(a.heldout_mb * 1e6))
@@ -168,7 +174,17 @@ def main():
         heldout_tokens = os.path.join(a.work, "heldout_bytes.bin")
         tokenize(a.bin, heldout_corpus, heldout_tokens)
         heldout = (heldout_tokens, a.eval_samples, a.eval_every)
-    if a.a_from:
+    pairs = []  # per seed: (seed, ra, ea, rb, eb)
+    for seed in seeds:
+        extra = [f"train.seed={seed}"]
+        ra, ea = train(a.bin, a.a, f"{a.a_label} (seed {seed})", tokens, doc_start, a.steps,
+                       os.path.join(a.work, f"a_{seed}"), a.set + extra, heldout)
+        rb, eb = train(a.bin, a.b, f"{a.b_label} (seed {seed})", tokens, doc_start, a.steps,
+                       os.path.join(a.work, f"b_{seed}"), a.set + a.b_set + extra, heldout)
+        pairs.append((seed, ra, ea, rb, eb))
+    if pairs:
+        _, ra, ea, rb, eb = pairs[0]
+    elif a.a_from:
         prev = json.load(open(a.a_from))
         if prev["a"] != a.a or prev["steps"] != a.steps:
             sys.exit(f"--a-from {a.a_from}: it ran {prev['a']} for {prev['steps']} steps, not {a.a} for {a.steps}")
@@ -179,8 +195,9 @@ def main():
         print(f"== {a.a_label}: losses reused from {a.a_from}", flush=True)
     else:
         ra, ea = train(a.bin, a.a, a.a_label, tokens, doc_start, a.steps, os.path.join(a.work, "a"), a.set, heldout)
-    rb, eb = train(a.bin, a.b, a.b_label, tokens, doc_start, a.steps, os.path.join(a.work, "b"), a.set + a.b_set,
-                   heldout)
+    if not pairs:
+        rb, eb = train(a.bin, a.b, a.b_label, tokens, doc_start, a.steps, os.path.join(a.work, "b"),
+                       a.set + a.b_set, heldout)
     fa, fb = final_loss(ra), final_loss(rb)
     ratio = fb / fa
     # The held-out loss at the end (the same sequences for both runs, never trained on): the less noisy
@@ -195,12 +212,28 @@ def main():
         title += f"; held-out {ha:.4f} vs {hb:.4f} ({100 * (heldout_ratio - 1):+.2f}%)"
     svg(curves, title, a.out + ".svg")
     checked = heldout_ratio if heldout_ratio else ratio
+    per_seed = []
+    for seed, pra, pea, prb, peb in pairs:
+        row = {"seed": seed, "final_loss_a": final_loss(pra), "final_loss_b": final_loss(prb)}
+        row["ratio"] = row["final_loss_b"] / row["final_loss_a"]
+        if pea and peb:
+            row["heldout_ratio"] = peb[-1][1] / pea[-1][1]
+        per_seed.append(row)
+    if per_seed:  # the bound is checked on the mean over the seeds
+        key = "heldout_ratio" if all("heldout_ratio" in r for r in per_seed) else "ratio"
+        vals = [r[key] for r in per_seed]
+        checked = sum(vals) / len(vals)
+        spread = max(vals) - min(vals)
+        print(f"seeds {seeds}: {key} " + ", ".join(f"{100 * (v - 1):+.2f}%" for v in vals) +
+              f"; mean {100 * (checked - 1):+.2f}%, spread {100 * spread:.2f} points", flush=True)
     summary = {"steps": a.steps, "a": a.a, "b": a.b, "a_label": a.a_label, "b_label": a.b_label, "b_set": a.b_set,
                "a_from": a.a_from, "final_loss_a": fa, "final_loss_b": fb, "ratio": ratio, "bound": a.bound,
                "heldout_final_a": ha, "heldout_final_b": hb, "heldout_ratio": heldout_ratio,
-               "bound_checked_on": "held-out loss" if heldout_ratio else "last 10 training losses",
+               "bound_checked_on": ("held-out loss" if heldout_ratio else "last 10 training losses") +
+                                   (f", mean over {len(per_seed)} seeds" if per_seed else ""),
                "within_bound": abs(checked - 1) <= a.bound, "losses_a": ra, "losses_b": rb,
-               "heldout_a": ea, "heldout_b": eb}
+               "heldout_a": ea, "heldout_b": eb, "seeds": per_seed,
+               "mean_ratio_checked": checked if per_seed else None}
     with open(a.out + ".json", "w") as f:
         json.dump(summary, f)
     tps = lambda L: sum(t for _, _, t in L[2:]) / max(1, len(L) - 2)
