@@ -48,12 +48,6 @@ struct Shapes {
   int64_t Ti = 0;  // image tokens after the pixel shuffle
 };
 
-// One decoder layer's forward with its tape (policy None, or the re-run of a region in backward).
-// Returns the bytes of what stays saved; `h_in` is the layer input (already live).
-struct LayerCosts {
-  int64_t saved = 0;  // everything the layer's entries keep until backward (output included)
-};
-
 class Planner {
  public:
   Planner(const models::VlmConfig& mc, const Shapes& s, autograd::RecomputePolicy policy, bool cuda, int64_t mlp_tile)
