@@ -18,6 +18,7 @@
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
+#include "masked_attention_reference.h"
 #include "support/numerics.h"
 
 namespace kestrel {
@@ -26,18 +27,8 @@ using testing::randn;
 
 constexpr int64_t kB = BlockMask::kBlock;
 
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(b.size())));
-}
+using testing::host_f64;
+using testing::rel_err;
 Tensor cu(int64_t n) { return Tensor::from_vector(std::vector<int64_t>{0, n}, {2}, DType::I32); }
 
 // A random description and the dense [Tq x Tk] visibility it means (written from the definition).
@@ -88,64 +79,14 @@ RandomMask random_mask(int64_t tq, int64_t tk, double density, double full, uint
   return m;
 }
 
-struct Ref {
-  std::vector<double> out, lse, dq, dk, dv;
-};
+using Ref = testing::AttentionRef;
 
-// Full-matrix float64 forward and backward under a dense mask (one document).
+// The shared f64 reference (masked_attention_reference.h) under a dense mask (one document).
 Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<char>& mask) {
-  std::vector<double> Q = host_f64(q), K = host_f64(k), V = host_f64(v), dO = host_f64(dout);
-  const int64_t nq = q.shape()[0], nk = k.shape()[0], Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2];
-  const int64_t G = Hq / Hkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Ref r;
-  r.out.assign(Q.size(), 0.0);
-  r.dq.assign(Q.size(), 0.0);
-  r.dk.assign(K.size(), 0.0);
-  r.dv.assign(V.size(), 0.0);
-  r.lse.assign(nq * Hq, -std::numeric_limits<double>::infinity());
-  for (int64_t h = 0; h < Hq; ++h) {
-    const int64_t hk = h / G;
-    auto qv = [&](int64_t i, int64_t c) { return Q[(i * Hq + h) * D + c]; };
-    auto kv = [&](int64_t j, int64_t c) { return K[(j * Hkv + hk) * D + c]; };
-    auto vv = [&](int64_t j, int64_t c) { return V[(j * Hkv + hk) * D + c]; };
-    auto gv = [&](int64_t i, int64_t c) { return dO[(i * Hq + h) * D + c]; };
-    for (int64_t i = 0; i < nq; ++i) {
-      std::vector<double> s(nk, -std::numeric_limits<double>::infinity()), P(nk, 0.0), dp(nk, 0.0);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < nk; ++j) {
-        if (!mask[i * nk + j]) continue;
-        double x = 0;
-        for (int64_t c = 0; c < D; ++c) x += qv(i, c) * kv(j, c);
-        s[j] = x * scale;
-        m = std::max(m, s[j]);
-      }
-      if (std::isinf(m)) continue;
-      double z = 0;
-      for (int64_t j = 0; j < nk; ++j) z += std::exp(s[j] - m);
-      r.lse[i * Hq + h] = m + std::log(z);
-      double rowdot = 0;
-      for (int64_t j = 0; j < nk; ++j) {
-        P[j] = std::exp(s[j] - m) / z;
-        if (P[j] == 0) continue;
-        for (int64_t c = 0; c < D; ++c) {
-          r.out[(i * Hq + h) * D + c] += P[j] * vv(j, c);
-          dp[j] += gv(i, c) * vv(j, c);
-        }
-        rowdot += dp[j] * P[j];
-      }
-      for (int64_t j = 0; j < nk; ++j) {
-        if (P[j] == 0) continue;
-        const double ds = P[j] * (dp[j] - rowdot);
-        for (int64_t c = 0; c < D; ++c) {
-          r.dq[(i * Hq + h) * D + c] += scale * ds * kv(j, c);
-          r.dk[(j * Hkv + hk) * D + c] += scale * ds * qv(i, c);
-          r.dv[(j * Hkv + hk) * D + c] += P[j] * gv(i, c);
-        }
-      }
-    }
-  }
-  return r;
+  const int64_t tq = q.shape()[0], tk = k.shape()[0];
+  return testing::masked_attention_reference(q, k, v, dout, {tq}, {tk}, [&](size_t, int64_t i, int64_t j, int64_t, int64_t nk) {
+    return mask[i * nk + j] != 0;
+  });
 }
 
 void check(const RandomMask& rm, int64_t Hq, int64_t Hkv, int64_t D, DType dt) {

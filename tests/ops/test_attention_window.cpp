@@ -13,6 +13,7 @@
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
+#include "masked_attention_reference.h"
 #include "support/numerics.h"
 
 namespace kestrel {
@@ -34,21 +35,8 @@ int64_t max_of(const std::vector<int64_t>& lens) {
   for (int64_t l : lens) m = std::max(m, l);
   return m;
 }
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
-// Relative L2 with the reference's RMS floored at 1e-3: with window 1 each row sees one key, so
-// dq and dk are exactly 0 and are compared in absolute terms.
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(b[i]) && a[i] == b[i]) continue;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(b.size())));
-}
+using testing::host_f64;
+using testing::rel_err;
 
 // transformers' sliding-window causal mask, written out from its definition (masking_utils:
 // kv_idx <= q_idx and kv_idx > q_idx - sliding_window), with bottom-right alignment.
@@ -57,76 +45,14 @@ bool visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int64_t window)
   return j <= qi && (window <= 0 || j > qi - window);
 }
 
-struct Ref {
-  std::vector<double> out, lse, dq, dk, dv;
-};
+using Ref = testing::AttentionRef;
 
-// Forward and backward on full matrices: P = softmax(masked S), dP = dO V^T,
-// dS = P * (dP - rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+// The shared f64 reference (masked_attention_reference.h) under this mask.
 Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<int64_t>& lq,
               const std::vector<int64_t>& lk, int64_t window) {
-  std::vector<double> Q = host_f64(q), K = host_f64(k), V = host_f64(v), dO = host_f64(dout);
-  const int64_t Hq = q.shape()[1], Hkv = k.shape()[1], D = q.shape()[2], G = Hq / Hkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Ref r;
-  r.out.assign(Q.size(), 0.0);
-  r.dq.assign(Q.size(), 0.0);
-  r.dk.assign(K.size(), 0.0);
-  r.dv.assign(V.size(), 0.0);
-  r.lse.assign(q.shape()[0] * Hq, -std::numeric_limits<double>::infinity());
-  int64_t q0 = 0, k0 = 0;
-  for (size_t d = 0; d < lq.size(); ++d) {
-    const int64_t nq = lq[d], nk = lk[d];
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t hk = h / G;
-      auto qv = [&](int64_t i, int64_t c) { return Q[((q0 + i) * Hq + h) * D + c]; };
-      auto kv = [&](int64_t j, int64_t c) { return K[((k0 + j) * Hkv + hk) * D + c]; };
-      auto vv = [&](int64_t j, int64_t c) { return V[((k0 + j) * Hkv + hk) * D + c]; };
-      auto gv = [&](int64_t i, int64_t c) { return dO[((q0 + i) * Hq + h) * D + c]; };
-      std::vector<double> P(nq * nk, 0.0);
-      for (int64_t i = 0; i < nq; ++i) {
-        double m = -std::numeric_limits<double>::infinity();
-        std::vector<double> s(nk, -std::numeric_limits<double>::infinity());
-        for (int64_t j = 0; j < nk; ++j) {
-          if (!visible(i, j, nq, nk, window)) continue;
-          double x = 0;
-          for (int64_t c = 0; c < D; ++c) x += qv(i, c) * kv(j, c);
-          s[j] = x * scale;
-          m = std::max(m, s[j]);
-        }
-        if (std::isinf(m)) continue;
-        double z = 0;
-        for (int64_t j = 0; j < nk; ++j) z += std::exp(s[j] - m);
-        r.lse[(q0 + i) * Hq + h] = m + std::log(z);
-        for (int64_t j = 0; j < nk; ++j) P[i * nk + j] = std::exp(s[j] - m) / z;
-      }
-      for (int64_t i = 0; i < nq; ++i) {
-        std::vector<double> dp(nk, 0.0);
-        double rowdot = 0;
-        for (int64_t j = 0; j < nk; ++j) {
-          if (P[i * nk + j] == 0) continue;
-          for (int64_t c = 0; c < D; ++c) {
-            r.out[((q0 + i) * Hq + h) * D + c] += P[i * nk + j] * vv(j, c);
-            dp[j] += gv(i, c) * vv(j, c);
-          }
-          rowdot += dp[j] * P[i * nk + j];
-        }
-        for (int64_t j = 0; j < nk; ++j) {
-          const double pij = P[i * nk + j];
-          if (pij == 0) continue;
-          const double ds = pij * (dp[j] - rowdot);
-          for (int64_t c = 0; c < D; ++c) {
-            r.dq[((q0 + i) * Hq + h) * D + c] += scale * ds * kv(j, c);
-            r.dk[((k0 + j) * Hkv + hk) * D + c] += scale * ds * qv(i, c);
-            r.dv[((k0 + j) * Hkv + hk) * D + c] += pij * gv(i, c);
-          }
-        }
-      }
-    }
-    q0 += nq;
-    k0 += nk;
-  }
-  return r;
+  return testing::masked_attention_reference(q, k, v, dout, lq, lk, [&](size_t, int64_t i, int64_t j, int64_t nq, int64_t nk) {
+    return visible(i, j, nq, nk, window);
+  });
 }
 
 void check(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t Hq, int64_t Hkv, int64_t D,

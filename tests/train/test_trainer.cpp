@@ -222,54 +222,38 @@ TEST(Trainer, DecoderHeldOutLossOnEvalFiles) {
   }
   EXPECT_EQ(losses(dir + "/with"), losses(dir + "/without"));
 
-  auto message = [&](const json& c) {
-    try {
-      Trainer bad(c);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   json no_files = plain;
   no_files["eval_every"] = 5;
-  EXPECT_NE(message(no_files).find("data.eval_files"), std::string::npos) << message(no_files);
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { Trainer t(no_files); }), {"data.eval_files"});
   json too_many = cfg;
   too_many["data"]["eval_samples"] = 1000;
-  EXPECT_NE(message(too_many).find("data.eval_samples"), std::string::npos) << message(too_many);
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { Trainer t(too_many); }), {"data.eval_samples"});
   json missing = cfg;
   missing["data"]["eval_files"] = dir + "/eval/none_*.bin";
-  EXPECT_NE(message(missing).find("data.eval_files"), std::string::npos) << message(missing);
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { Trainer t(missing); }), {"data.eval_files"});
   json samples = plain;
   samples["sample_every"] = 5;
-  EXPECT_NE(message(samples).find("sample_every"), std::string::npos) << message(samples);
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { Trainer t(samples); }), {"sample_every"});
   fs::remove_all(dir);
 }
 
 TEST(Trainer, TokenDataErrorsNameTheProblem) {
   std::string dir = tmp("tokerr");
   std::string f = write_token_docs(dir, 64, 50, TokenFormat::U16);  // ids up to ~63 >= vocab 48
-  auto message = [&](const json& cfg) {
-    try {
-      Trainer t(cfg);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  std::string m = message(decoder_run(dir + "/out", f, 1));
+  std::string m = kestrel::testing::error_of([&] { Trainer t(decoder_run(dir + "/out", f, 1)); });
   EXPECT_NE(m.find("vocab"), std::string::npos) << m;
   EXPECT_NE(m.find("position"), std::string::npos) << m;
-  m = message(decoder_run(dir + "/out", dir + "/nothing_*.bin", 1));
+  m = kestrel::testing::error_of([&] { Trainer t(decoder_run(dir + "/out", dir + "/nothing_*.bin", 1)); });
   EXPECT_NE(m.find("nothing_"), std::string::npos) << m;
   {
     std::ofstream bad(dir + "/bad.bin", std::ios::binary);
     bad << "not a token file";
   }
-  m = message(decoder_run(dir + "/out", dir + "/bad.bin", 1));
+  m = kestrel::testing::error_of([&] { Trainer t(decoder_run(dir + "/out", dir + "/bad.bin", 1)); });
   EXPECT_NE(m.find("bad.bin"), std::string::npos) << m;
   json wrong = decoder_run(dir + "/out", f, 1);
   wrong["data"]["type"] = "shapes";
-  EXPECT_NE(message(wrong).find("data.type"), std::string::npos);
+  kestrel::testing::expect_has(kestrel::testing::error_of([&] { Trainer t(wrong); }), {"data.type"});
   fs::remove_all(dir);
 }
 
