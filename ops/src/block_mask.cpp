@@ -1,8 +1,11 @@
 // BlockMask builders (kestrel/ops/attention.h): validation of the row view, the column view and
 // the transposed bits built from it once on the host (O(nnz + partials x 128 x 128), no T x T
 // buffer), and the predicate / dense-mask conveniences, which classify each 128 x 128 tile as
-// skipped, FULL or PARTIAL.
+// skipped, FULL or PARTIAL. Policy: validation happens here, once; the result is sealed with a
+// record of what was validated (BlockMask::Validation, created only in this file), which
+// attention() checks in O(1) per call instead of re-validating the contents.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,10 +29,73 @@ Tensor i32_tensor(const void* data, int64_t n, const Shape& shape) {
 
 }  // namespace
 
+// What make_block_mask validated: the token counts and, per tensor, the tensor itself (its impl,
+// held so its address cannot be reused by another) and the metadata it had then, so that a field
+// replaced by another tensor, or re-pointed at other memory through impl(), no longer matches.
+struct BlockMask::Validation {
+  struct Seen {
+    Tensor tensor;
+    std::shared_ptr<Storage> storage;
+    int64_t offset;
+    Shape shape;
+    Strides strides;
+    DType dtype;
+  };
+  int64_t total_q, total_k;
+  std::array<Seen, 8> seen;
+};
+
+namespace {
+
+constexpr std::array<const char*, 8> kFieldNames{"q_ptr", "q_kblock", "q_kind", "k_ptr",
+                                                 "k_qblock", "k_kind", "bits", "bits_t"};
+
+std::array<const Tensor*, 8> fields_of(const BlockMask& m) {
+  return {&m.q_ptr, &m.q_kblock, &m.q_kind, &m.k_ptr, &m.k_qblock, &m.k_kind, &m.bits, &m.bits_t};
+}
+
+}  // namespace
+
+void BlockMask::seal() {
+  auto v = std::make_shared<Validation>();
+  v->total_q = total_q;
+  v->total_k = total_k;
+  const auto fields = fields_of(*this);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const Tensor& t = *fields[i];
+    KESTREL_ASSERT(t.defined());
+    v->seen[i] = Validation::Seen{t, t.storage(), t.offset(), t.shape(), t.strides(), t.dtype()};
+  }
+  validation_ = std::move(v);
+}
+
+std::string BlockMask::validation_problem() const {
+  if (!validation_)
+    return "it carries no validation record: its fields were set by hand, or it was moved with to() while not valid";
+  const Validation& v = *validation_;
+  if (total_q != v.total_q || total_k != v.total_k)
+    return "total_q x total_k changed from " + std::to_string(v.total_q) + " x " + std::to_string(v.total_k) +
+           " to " + std::to_string(total_q) + " x " + std::to_string(total_k);
+  const auto fields = fields_of(*this);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const Tensor& t = *fields[i];
+    const Validation::Seen& s = v.seen[i];
+    if (!t.same_as(s.tensor)) return std::string(kFieldNames[i]) + " was replaced";
+    if (t.storage() != s.storage || t.offset() != s.offset || t.shape() != s.shape || t.strides() != s.strides ||
+        t.dtype() != s.dtype)
+      return std::string(kFieldNames[i]) + " was re-pointed (its storage, offset, shape or dtype changed)";
+  }
+  return {};
+}
+
 BlockMask BlockMask::to(Device device) const {
   BlockMask m = *this;
   for (Tensor* t : {&m.q_ptr, &m.q_kblock, &m.q_kind, &m.k_ptr, &m.k_qblock, &m.k_kind, &m.bits, &m.bits_t})
     if (t->defined()) *t = t->to(device);
+  // The copies hold the validated contents: validated iff the source is (checked before the copy
+  // is sealed, so a hand-built or altered mask does not become trusted by moving).
+  m.validation_.reset();
+  if (validation_problem().empty()) m.seal();
   return m;
 }
 
@@ -111,6 +177,7 @@ BlockMask make_block_mask(int64_t total_q, int64_t total_k, const std::vector<in
   m.k_kind = i32_tensor(k_kind.data(), nnz, {nnz});
   m.bits = i32_tensor(bits.data(), partials * kTileWords, {partials, kB, kWords});
   m.bits_t = i32_tensor(bits_t.data(), partials * kTileWords, {partials, kB, kWords});
+  m.seal();
   return m;
 }
 

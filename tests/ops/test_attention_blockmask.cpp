@@ -4,7 +4,7 @@
 // mask by the definition, forward and backward against an independent float64 full-matrix
 // implementation, gradients by finite differences in f64; the builders (dense mask, predicate)
 // against the description; FULL everywhere = bidirectional and a causal mask = causal, exactly;
-// every argument error.
+// every argument error; only masks from the builders (and to() of one) are accepted by the op.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -229,10 +229,10 @@ TEST(AttentionBlockMask, Errors) {
   o.block_mask = block_mask_from_predicate(200, 150, [](int64_t, int64_t) { return true; });
   expect_error([&] { run(o); }, "block_mask is 200 x 150 tokens");
   o.block_mask = ok;
-  o.block_mask.k_kind = ok.q_kind.clone();  // swapped view: a hand-built mask whose views disagree
+  o.block_mask.k_kind = ok.q_kind.clone();  // swapped view: a mask whose views disagree
   o.block_mask.k_qblock = ok.q_kblock.clone();
   o.block_mask.k_kind.data<int32_t>()[0] = 0;
-  expect_error([&] { run(o); }, "is not the transpose of its row view");
+  expect_error([&] { run(o); }, "block_mask was not built by make_block_mask");
   o.block_mask = ok;
   o.block_mask.bits = Tensor();
   expect_error([&] { run(o); }, "block_mask.bits must be contiguous i32");
@@ -254,6 +254,92 @@ TEST(AttentionBlockMask, Errors) {
   past[100 * 4] = 1;  // query row 128 + 100 = 228 >= 200
   expect_error([&] { make_block_mask(200, 200, {0, 0, 1}, {1}, {0}, past); }, "set a bit past total_q / total_k");
   expect_error([&] { make_block_mask(200, 200, {0, 0, 0}, {}, {}, std::vector<uint32_t>(7)); }, "whole tiles");
+}
+
+// The op takes only masks that came out of the validating builders (or to() of one): a mask set
+// up field by field, or a built one with a tensor replaced or re-pointed afterwards, is refused
+// before any kernel reads it, even when its contents happen to be valid; copies and to() of a
+// built mask keep working and give the same result.
+TEST(AttentionBlockMask, OnlyBuiltMasksAreTrusted) {
+  Tensor q = randn({300, 2, 8}), k = randn({260, 1, 8}), v = randn({260, 1, 8});
+  const Tensor cq = cu(300), ck = cu(260);
+  auto run = [&](const BlockMask& m) {
+    AttentionOptions o;
+    o.causal = false;
+    o.block_mask = m;
+    return attention(q, k, v, cq, ck, 300, 260, o).out;
+  };
+  const std::string refused = "block_mask was not built by make_block_mask (or one of its tensors was replaced "
+                              "after building; here: ";
+  const std::string fix = "build it with make_block_mask / block_mask_from_predicate / block_mask_from_dense";
+  auto visible = [](int64_t i, int64_t j) { return (i * 7 + j) % 5 != 0; };
+  const BlockMask built = block_mask_from_predicate(300, 260, visible);
+  ASSERT_GT(built.partials(), 0);
+  EXPECT_EQ(built.validation_problem(), "");
+  const Tensor expected = run(built);
+
+  // (a) Hand-assembled: the built mask's own contents, field by field (structurally valid), and
+  // the very same tensors (shared), are both refused: only the builders vouch for a mask.
+  for (bool share : {false, true}) {
+    BlockMask hand;
+    hand.total_q = built.total_q;
+    hand.total_k = built.total_k;
+    auto take = [&](const Tensor& t) { return share ? t : t.clone(); };
+    hand.q_ptr = take(built.q_ptr);
+    hand.q_kblock = take(built.q_kblock);
+    hand.q_kind = take(built.q_kind);
+    hand.k_ptr = take(built.k_ptr);
+    hand.k_qblock = take(built.k_qblock);
+    hand.k_kind = take(built.k_kind);
+    hand.bits = take(built.bits);
+    hand.bits_t = take(built.bits_t);
+    expect_error([&] { run(hand); }, refused + "it carries no validation record: its fields were set by hand");
+    expect_error([&] { run(hand); }, fix);
+    // Moving does not launder it.
+    expect_error([&] { run(hand.to(Device::cpu())); }, "it carries no validation record");
+  }
+
+  // (b) Built, then one tensor replaced: an out-of-range key block (2 key blocks), a same-valued
+  // clone, a FULL kind swapped for an out-of-range PARTIAL index.
+  {
+    BlockMask m = built;
+    std::vector<int64_t> kb = m.q_kblock.to_int_vector();
+    kb[0] = 1000;
+    m.q_kblock = Tensor::from_vector(kb, m.q_kblock.shape(), DType::I32);
+    expect_error([&] { run(m); }, refused + "q_kblock was replaced): " + fix);
+    expect_error([&] { run(m.to(Device::cpu())); }, "moved with to() while not valid");
+  }
+  {
+    BlockMask m = built;
+    m.bits_t = built.bits_t.clone();
+    expect_error([&] { run(m); }, "bits_t was replaced");
+  }
+  {
+    BlockMask m = built;
+    m.k_kind = Tensor::full(built.k_kind.shape(), 1 << 20, DType::I32);
+    expect_error([&] { run(m); }, "k_kind was replaced");
+  }
+  // Re-pointed through the shared impl (a fresh mask: copies share it): other storage, same shape.
+  {
+    BlockMask m = block_mask_from_predicate(300, 260, visible);
+    const Tensor other = Tensor::full(m.q_kind.shape(), 99, DType::I32);
+    m.q_kind.impl().storage = other.storage();
+    expect_error([&] { run(m); }, "q_kind was re-pointed");
+  }
+
+  // (c) Copies (sharing the record) and to() (a new record for the copied tensors) still run, and
+  // give exactly the built mask's result; a replaced field restored to the validated tensor is
+  // accepted again (the record names tensors, not a moment).
+  const BlockMask copy = built;
+  const BlockMask moved = built.to(Device::cpu());
+  EXPECT_EQ(moved.validation_problem(), "");
+  EXPECT_EQ(testing::rel_l2(run(copy), expected), 0.0);
+  EXPECT_EQ(testing::rel_l2(run(moved), expected), 0.0);
+  BlockMask restored = built;
+  restored.q_ptr = built.q_ptr.clone();
+  EXPECT_NE(restored.validation_problem(), "");
+  restored.q_ptr = built.q_ptr;
+  EXPECT_EQ(testing::rel_l2(run(restored), expected), 0.0);
 }
 
 }  // namespace

@@ -43,7 +43,9 @@ enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 // [4 words], bit = query). Unlisted tiles are skipped by both directions. FlashAttentionParams holds
 // a host pointer to it (the launchers pass the struct to the masked kernels as an argument of its
 // own: a by-value member would grow the dense kernels' parameter block, and ptxas then changes their
-// code; with one pointer their machine code stays byte-identical).
+// code; with one pointer their machine code stays byte-identical). The kernels index with these
+// arrays unchecked: fill them only from a kestrel::BlockMask built by make_block_mask (the op
+// refuses any other, see check_block_mask in ops/src/attention.cpp).
 constexpr int kBlockMaskBlock = 128;
 struct FlashBlockMask {
   const int32_t* q_ptr = nullptr;  // [q_blocks + 1]; nullptr = no mask

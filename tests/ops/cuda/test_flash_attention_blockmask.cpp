@@ -5,7 +5,8 @@
 // masks at several densities (skipped, FULL and PARTIAL tiles, random bits, an empty query block,
 // a key block no query sees, rows with no visible key), token counts that end mid-tile, len_q !=
 // len_k, GQA, head dims 64/128 (and 72, padded to 128), bf16 and f16; a lower-triangular mask
-// against the causal kernel; the refusals (deterministic, the mma.sync head dims).
+// against the causal kernel; the refusals (deterministic, the mma.sync head dims, device masks
+// not built by make_block_mask or altered after building).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -210,6 +211,62 @@ TEST(FlashAttentionBlockMaskCuda, Refusals) {
   };
   expect_error(128, true, "the deterministic backward is not built with a block mask");
   expect_error(256, false, "a block mask is implemented by the Hopper kernels");
+}
+
+// The kernels trust the mask's indices, so the op takes only device masks that are to() of a built
+// mask: a device mask assembled by hand (even from valid contents), one with an out-of-range key
+// block or kind swapped in after building, and a CPU mask are refused on the host before any
+// launch; the device stays usable and the built mask then gives the reference's result.
+TEST(FlashAttentionBlockMaskCuda, OnlyBuiltMasksReachTheKernels) {
+  KESTREL_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const int64_t T = 300;
+  const Inputs in = draw(T, T, 2, 2, 64, DType::BF16);
+  const BlockMask host = random_mask(T, T, 0.5, 0.5, 9, -1, -1);
+  const BlockMask built = host.to(dev);
+  ASSERT_EQ(built.validation_problem(), "");
+  auto expect_refused = [&](const BlockMask& m, const std::string& what) {
+    AttentionOptions o;
+    o.causal = false;
+    o.block_mask = m;
+    try {
+      attention(in.q.to(dev), in.k.to(dev), in.v.to(dev), cu(T).to(dev), cu(T).to(dev), T, T, o);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  BlockMask hand;
+  hand.total_q = hand.total_k = T;
+  hand.q_ptr = built.q_ptr.clone();
+  hand.q_kblock = built.q_kblock.clone();
+  hand.q_kind = built.q_kind.clone();
+  hand.k_ptr = built.k_ptr.clone();
+  hand.k_qblock = built.k_qblock.clone();
+  hand.k_kind = built.k_kind.clone();
+  hand.bits = built.bits.clone();
+  hand.bits_t = built.bits_t.clone();
+  expect_refused(hand, "block_mask was not built by make_block_mask");
+  BlockMask far = built;
+  far.q_kblock = Tensor::full(built.q_kblock.shape(), 1 << 24, DType::I32, dev);  // key block far out of range
+  expect_refused(far, "q_kblock was replaced");
+  BlockMask kinds = built;
+  kinds.k_kind = Tensor::full(built.k_kind.shape(), 1 << 24, DType::I32, dev);  // PARTIAL index out of range
+  expect_refused(kinds, "k_kind was replaced");
+  expect_refused(host, "block_mask.q_ptr must be on cuda");
+
+  AttentionOptions o;
+  o.causal = false;
+  o.block_mask = built;
+  const Outputs got = run_op(in.q, in.k, in.v, in.dout, o, dev);
+  o.block_mask = host;
+  const Outputs ref = run_op(in.q.to(DType::F32), in.k.to(DType::F32), in.v.to(DType::F32), in.dout.to(DType::F32), o,
+                             Device::cpu());
+  const Errors e = errors(got, ref);
+  EXPECT_LE(e.out, tol_out(DType::BF16));
+  EXPECT_LE(e.dq, tol_grad(DType::BF16));
+  EXPECT_LE(e.dk, tol_grad(DType::BF16));
+  EXPECT_LE(e.dv, tol_grad(DType::BF16));
 }
 
 }  // namespace

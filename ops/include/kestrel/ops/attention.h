@@ -16,6 +16,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "kestrel/runtime/tensor.h"
@@ -35,6 +37,14 @@ namespace kestrel {
 // and skipped pairs hold no bits. Combines with causal = false only (encode causality in the mask),
 // no window, no prefix_len; GQA is fine (one mask for every head). Key j visible to query i iff
 // block (i / 128, j / 128) is listed and is FULL or has bit (i % 128, j % 128) set.
+//
+// Trust: the kernels index with the mask's block numbers and kinds unchecked (the CUDA kernels
+// cannot afford a device-to-host read per call), so attention() takes only a mask validated once
+// by make_block_mask (or a builder on top of it, or to() of such a mask). Each carries a private
+// validation record naming total_q / total_k and the eight tensors validated; the op refuses a mask
+// without one (fields set by hand) or whose fields were replaced or changed since. The fields stay
+// public to read (kernels, tests). Never write into a built mask's tensors in place: their contents
+// are validated once, at building, and not re-read per call.
 struct BlockMask {
   static constexpr int64_t kBlock = 128;
   static constexpr int32_t kFull = -1;  // entry kind of a FULL tile; >= 0: index of a PARTIAL tile's bits
@@ -58,14 +68,27 @@ struct BlockMask {
   int64_t k_blocks() const { return (total_k + kBlock - 1) / kBlock; }
   int64_t nnz() const { return q_kblock.defined() ? q_kblock.numel() : 0; }
   int64_t partials() const { return bits.defined() ? bits.shape()[0] : 0; }
-  // Every tensor moved to `device` (the kernels read the mask on q's device).
+  // Every tensor moved to `device` (the kernels read the mask on q's device). The copy is validated
+  // when this mask is (validation_problem() empty), else it is not either.
   BlockMask to(Device device) const;
+  // Empty when this mask came out of make_block_mask (or to() of such a mask) and total_q, total_k
+  // and its eight tensors are still the ones validated then; else what is wrong, e.g. "q_kblock was
+  // replaced". O(1): compares identities (tensor, storage, offset, shape, strides, dtype), never data.
+  std::string validation_problem() const;
+
+ private:
+  struct Validation;  // defined in ops/src/block_mask.cpp, the only place that creates one
+  std::shared_ptr<const Validation> validation_;
+  void seal();  // records the current tensors as validated (make_block_mask, to())
+  friend BlockMask make_block_mask(int64_t, int64_t, const std::vector<int32_t>&, const std::vector<int32_t>&,
+                                   const std::vector<int32_t>&, const std::vector<uint32_t>&);
 };
 
 // Builds a BlockMask (CPU tensors) from the row view: q_ptr [q_blocks + 1], q_kblock / q_kind
 // [nnz], bits [partials * 128 * 4] (the row layout above). Validates everything (sizes, ranges,
-// sorted key blocks, every PARTIAL index used once, no bits set past total_q / total_k) and builds
-// the column view and bits_t. Throws kestrel::Error "[block_mask] ...".
+// sorted key blocks, every PARTIAL index used once, no bits set past total_q / total_k), builds
+// the column view and bits_t and seals the result (the only way to a mask attention() accepts).
+// Throws kestrel::Error "[block_mask] ...".
 BlockMask make_block_mask(int64_t total_q, int64_t total_k, const std::vector<int32_t>& q_ptr,
                           const std::vector<int32_t>& q_kblock, const std::vector<int32_t>& q_kind,
                           const std::vector<uint32_t>& bits);
@@ -96,7 +119,8 @@ struct AttentionOptions {
   // kernel (CPU reference, the Hopper and the mma.sync CUDA kernels).
   Tensor prefix_len;
   // Block-sparse 2-D mask (BlockMask above; defined = on): causal = false, no window, no
-  // prefix_len, one document spanning q and k; on q's device. CPU reference and the Hopper kernels
+  // prefix_len, one document spanning q and k; on q's device; built by make_block_mask or a builder
+  // on top of it (moved with to()), else refused (see Trust above). CPU reference and the Hopper kernels
   // (sm_90, head dims up to 128 run at 64 or 128, bf16/f16; others refuse it; the deterministic
   // backward is not built with it and refuses).
   BlockMask block_mask;
