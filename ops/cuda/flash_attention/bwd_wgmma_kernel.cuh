@@ -45,19 +45,11 @@
 
 namespace kestrel::cuda::fa {
 
-// dQ through the TMA unit (kBulkDq): each warpgroup stages its 64 x 64 f32 dQ part in shared memory
-// and its warps hand their rows to cp.reduce.async.bulk, in place of per-thread red.global. Used where
-// the 32 KiB of staging fit (the 128-wide shared layout: head dims 80-128) and not in the deterministic
-// mode (which orders plain reductions with counters).
-constexpr bool bwd_bulk_dq(int kD, bool deterministic) { return !deterministic && kernel_smem_dim(kD) == 128; }
-
-template <int kD, int kBr, bool kBulkDq>
+template <int kD, int kBr>
 constexpr size_t bwd_wgmma_smem_bytes() {
-  // K, V; 3 x (Q, dO); 2 x dS^T; [2 x 64 x 64 f32 dQ staging]; 3 x (lse2, delta); 1 KiB for the
-  // 1024-byte alignment.
+  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 1 KiB for the 1024-byte alignment.
   constexpr int kDs = kernel_smem_dim(kD);
-  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + (kBulkDq ? 2 * 64 * 64 * 4 : 0) +
-         6 * kBr * sizeof(float) + 1024;
+  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
@@ -69,7 +61,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   constexpr int kNs = kBr / 2;   // S^T, dP^T accumulator floats per thread (64 keys x kBr queries)
   constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
   constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
-  constexpr bool kBulkDq = bwd_bulk_dq(kD, kDeterministic);
   constexpr uint32_t kKVBytes = kBc * kDs * 2, kQBytes = kBr * kDs * 2, kSBytes = kBc * kBr * 2;
   static_assert((kDs == 128 && kBr == 64) || (kDs == 64 && kBr == 128), "dQ tile: 64 x 64 per warpgroup");
   static_assert(kD % 16 == 0 && kD <= kDs && kD > kDs - 64, "head dim within the shared tile's last slab");
@@ -80,8 +71,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kDs/64][kBr][64]
   const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kDs/64][kBr][64]
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
-  const uint32_t sDQ0 = sdS0 + 2 * kSBytes;      // kBulkDq: 2 x [64 rows][256 bytes], one per warpgroup
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sDQ0 + (kBulkDq ? 2 * 64 * 256 : 0) - raw));  // kBufs x [kBr]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
 
   const FlashAttentionParams& p = a.p;
@@ -261,44 +251,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       WgmmaSST<T, 64>::run(dq, s_t + kk * (16 * 128 / 16), dK_mn + kk * (16 * 128 / 16), kk > 0);
     wgmma_commit();
   };
-  // kBulkDq: this warpgroup's dQ part staged as 64 rows of 256 bytes, row r rotated left by 32 * (r % 8)
-  // bytes (so a warp's 8 rows of one store land on distinct banks: two wavefronts, the minimum); each
-  // warp owns its 16 rows, so the staging needs no barrier beyond __syncwarp. Lane l hands row
-  // 16 * warp + l / 2 to the TMA unit in two pieces (the rotation's two halves), clipped to the head dim.
-  auto reduce_dq_bulk = [&](int it) {
-    const int h = tile_head(it), m0 = tile_m0(it);
-    const uint32_t sdq = sDQ0 + wg * (64 * 256);
-    bulk_wait_read_all();  // this lane's reductions of the previous tile have read their rows
-    __syncwarp();
-    // Recomputed per tile (volatile: not hoisted out of the tile loop, where its 8 derived offsets
-    // would hold registers for the whole kernel and spill).
-    uint32_t lane_off;
-    asm volatile("mov.u32 %0, %1;\n" : "=r"(lane_off) : "r"(8 * c + 32 * g));
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t row = sdq + (key_lo + 8 * r) * 256;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) st_shared_f32x2(row + ((32 * j + lane_off) & 255u), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-    }
-    fence_proxy_async();
-    __syncwarp();
-    const int lr = wwarp * 16 + lane / 2, part = lane & 1;
-    const int rot = 32 * (lr % 8);                      // bytes
-    const int first = part ? (256 - rot) / 4 : 0;       // the piece's first column (of this warpgroup's 64)
-    const int cols = (part ? rot : 256 - rot) / 4;
-    const int valid = min(64, D - wg * 64);             // narrow head dims: the second half is partial
-    const int n = min(cols, valid - first);
-    if (n > 0 && m0 + lr < len_q) {
-      float* dst = a.dq_accum + (static_cast<int64_t>(q_start + m0 + lr) * p.num_heads_q + h) * D + wg * 64 + first;
-      bulk_reduce_add_f32(dst, sdq + lr * 256 + (part ? 0 : rot), static_cast<uint32_t>(n * 4));
-    }
-    bulk_commit();
-  };
   auto reduce_dq = [&](int it) {
-    if constexpr (kBulkDq) {
-      reduce_dq_bulk(it);
-      return;
-    }
     const int h = tile_head(it), m0 = tile_m0(it);
     const int qrow = m0 + (kBr == 128 ? wg * 64 : 0) + key_lo;  // accumulator rows qrow, qrow + 8
     const int col0 = (kDs == 128 ? wg * 64 : 0) + 2 * c;
@@ -369,7 +322,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   fence_regs(dk);
   fence_regs(dv);
   cp_async_wait<0>();  // nothing may still be landing in shared memory when the block exits
-  if constexpr (kBulkDq) bulk_wait_all();  // nor be read by the TMA unit
 
   T* dkp = static_cast<T*>(a.dk);
   T* dvp = static_cast<T*>(a.dv);
@@ -394,8 +346,7 @@ template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   static_assert(!kBlockMask || (!kDeterministic && !kPrefix), "the block mask is built alone");
   using Tr = WgmmaBwdTraits<kD>;
-  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr, bwd_bulk_dq(kD, kDeterministic)>();
-  static_assert(smem <= 227 * 1024, "the backward's shared memory exceeds the H100/H200 227 KiB per block");
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
   auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};

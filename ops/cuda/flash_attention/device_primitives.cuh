@@ -147,20 +147,6 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float x, float y, bool
       "f"(x), "f"(y), "r"(static_cast<int>(pred)));
 }
 
-// ---- bulk reductions through the TMA unit (the backward's dQ) ----
-// dst[0 .. bytes / 4) += the f32 values at shared address src, performed by the TMA unit in L2
-// (cp.reduce.async.bulk): bytes a multiple of 16, both addresses 16-byte aligned. Asynchronous: the
-// issuing thread commits it to a bulk group and waits on its own groups (bulk_wait_read before the
-// shared source is written again, bulk_wait before the block exits).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 // ---- ordered accumulation (deterministic backward), CUTLASS's generic-barrier pattern ----
 // Spins until *flag == expected (acquire at GPU scope: what the releasing block wrote before its
 // release is visible afterwards). One thread calls it; a block barrier then releases the others.
