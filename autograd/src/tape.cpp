@@ -141,6 +141,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_
   };
 
   NoGradGuard no_grad;
+  // The walk consumes the tape from the end. If an op's backward throws, the entries walked so far
+  // are gone and the rest cannot be backpropagated any more: the tape is cleared on the way out too
+  // (their saved tensors freed), so the caller can catch the error and run the next forward and
+  // backward on an empty tape. Leaf gradients accumulated before the error stay as they are.
+  struct ClearTape {
+    std::vector<std::unique_ptr<TapeEntry>>& entries;
+    ~ClearTape() { entries.clear(); }
+  } clear_on_exit{entries};
   for (size_t k = entries.size(); k-- > 0;) {
     std::unique_ptr<TapeEntry> e = std::move(entries[k]);
     // Prefetch for the next region going backward, so its copy overlaps this entry's compute: one
@@ -199,7 +207,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_
     }
     e.reset();  // drops the saved tensors now
   }
-  entries.clear();
 }
 
 void backward(const Tensor& loss) { backward(std::vector<Tensor>{loss}); }

@@ -99,3 +99,37 @@ TEST(Tape, SavedTensorsAreReleasedDuringBackward) {
 
 }  // namespace
 }  // namespace kestrel
+
+namespace kestrel {
+namespace {
+
+// An op whose backward throws (as a kernel refusing its inputs would) part-way through a backward:
+// the error reaches the caller, the tape is left empty rather than holding consumed (null) entries,
+// and the next forward and backward run normally with exact gradients. (Before, the next backward
+// walked the consumed slots and crashed.)
+TEST(Tape, ThrowingBackwardLeavesAUsableTape) {
+  Tensor w = randn({5}, DType::F64).set_requires_grad(true);
+  Tensor a = randn({5}, DType::F64), b = randn({5}, DType::F64);
+  {
+    Tensor h = mul(w, a);  // recorded before the throwing entry: never reached by the walk
+    Tensor y = h.detach().clone();
+    ag::record("refusing_op", {h}, y, [](const std::vector<Tensor>&) -> std::vector<Tensor> {
+      throw Error("[refusing_op] refused in backward");
+    });
+    Tensor loss = sum(y);
+    EXPECT_GT(ag::current_tape().size(), 2u);
+    try {
+      ag::backward(loss);
+      ADD_FAILURE() << "the backward did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("refused in backward"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(ag::current_tape().size(), 0u);
+  }
+  EXPECT_FALSE(w.grad().defined());  // the throw came before any gradient reached w
+  ag::backward(sum(mul(w, b)));
+  EXPECT_LT(rel_l2(w.grad(), b), 1e-15);
+}
+
+}  // namespace
+}  // namespace kestrel
