@@ -169,6 +169,8 @@ def main():
         "last_loss": rows[-1]["loss"] if rows else None,
         "tok_s_median": tokps,
         "step_ms_median": statistics.median([r["ms"] for r in timed]) if timed else None,
+        # (6 x parameters x tokens + attention FLOPs) / step time / the bf16 peak, as kestrel-train logs it
+        "mfu_median": statistics.median([r.get("mfu", 0) for r in timed]) if timed else None,
         "optimizer_ms_median": statistics.median([r.get("optimizer_ms", 0) for r in timed]) if timed else None,
         "gpu_idle_ms_median": statistics.median([r.get("gpu_idle_ms", 0) for r in timed]) if timed else None,
         "kestrel_peak_footprint_gib": max((r.get("peak_footprint_bytes", 0) for r in rows), default=0) / GIB,
@@ -183,7 +185,7 @@ def main():
     }
     print("[summary] " + json.dumps(summary), flush=True)
     print(f"| {summary['label']} | rc {rc} | steps {summary['steps']} | loss {summary['first_loss']} -> "
-          f"{summary['last_loss']} | {tokps:.0f} tok/s | NVML peak {summary['nvml_peak_gib']:.2f} GiB "
+          f"{summary['last_loss']} | {tokps:.0f} tok/s | MFU {100 * (summary['mfu_median'] or 0):.1f}% | NVML peak {summary['nvml_peak_gib']:.2f} GiB "
           f"({summary['nvml_source']}, {peak['samples']} samples) | Kestrel footprint peak "
           f"{summary['kestrel_peak_footprint_gib']:.2f} GiB (in use {summary['kestrel_peak_in_use_gib']:.2f}) | optimizer {summary['optimizer_ms_median']} ms, "
           f"GPU idle {summary['gpu_idle_ms_median']} ms | host RSS peak {summary['host_rss_peak_gib']:.1f} GiB, "

@@ -40,6 +40,25 @@ int64_t TextConfig::attention_window(int64_t layer) const {
   return layer >= max_window_layers ? w : 0;
 }
 
+double TextConfig::attention_training_flops(const std::vector<int64_t>& document_lengths) const {
+  double flops = 0;
+  for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {
+    const int64_t w = attention_window(layer);
+    double pairs = 0;  // sum over queries i of the keys it sees: min(i + 1, w)
+    for (int64_t t : document_lengths) {
+      const double T = static_cast<double>(t);
+      if (w <= 0 || w >= t) {
+        pairs += T * (T + 1) / 2;
+      } else {
+        const double W = static_cast<double>(w);
+        pairs += W * (W + 1) / 2 + (T - W) * W;
+      }
+    }
+    flops += 12.0 * static_cast<double>(num_attention_heads * head_dim) * pairs;
+  }
+  return flops;
+}
+
 namespace detail {
 
 void parse_attention_window(const json& j, const std::string& source, const std::string& prefix, TextConfig& t) {

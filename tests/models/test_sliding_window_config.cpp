@@ -189,5 +189,29 @@ TEST(SlidingWindowConfig, MistralKvCacheMatchesFullForward) {
   EXPECT_GT(testing::rel_l2(full_nowin, full), 1e-3);
 }
 
+// The attention FLOPs MFU counts: 12 x heads x head_dim per visible (query, key) pair and layer, the
+// visible pairs counted by brute force over each document (causal, within the layer's window), for a
+// config whose layers mix full and sliding attention and documents shorter and longer than the window.
+TEST(SlidingWindowConfig, AttentionTrainingFlopsCountVisiblePairs) {
+  json j = qwen2_small();
+  j["num_hidden_layers"] = 3;
+  j["sliding_window"] = 5;
+  j["max_window_layers"] = 1;  // layer 0 full, layers 1-2 sliding
+  const TextConfig t = TextConfig::from_json(j);
+  const std::vector<int64_t> lengths = {1, 4, 5, 6, 17};
+  double expected = 0;
+  for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
+    const int64_t w = t.attention_window(l);
+    int64_t pairs = 0;
+    for (int64_t T : lengths)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t k = 0; k <= i; ++k) pairs += (w <= 0 || k > i - w) ? 1 : 0;
+    expected += 12.0 * static_cast<double>(t.num_attention_heads * t.head_dim * pairs);
+  }
+  ASSERT_EQ(windows(t), (std::vector<int64_t>{0, 5, 5}));
+  EXPECT_DOUBLE_EQ(t.attention_training_flops(lengths), expected);
+  EXPECT_EQ(t.attention_training_flops({}), 0.0);
+}
+
 }  // namespace
 }  // namespace kestrel::models

@@ -30,6 +30,7 @@ void add_packed_layout(HostBatch& b, const std::vector<int64_t>& lengths) {
   b.arrays.push_back(host_array(pos, {static_cast<int64_t>(pos.size())}, DType::I64));
   b.arrays.push_back(host_array(cu, {static_cast<int64_t>(cu.size())}, DType::I32));
   b.max_seqlen = mx;
+  b.document_lengths = lengths;
 }
 
 models::PackedBatch packed_layout(const Tensor& positions, const Tensor& cu_seqlens, int64_t max_seqlen) {

@@ -277,6 +277,8 @@ struct Trainer::Impl {
   }
 
   int64_t num_params() const { return task->parameters().numel(); }
+  // The last train_step's attention FLOPs (decoder tasks; TextConfig::attention_training_flops), for MFU.
+  double step_attention_flops = 0;
 
   // A pending overlapped update reads the host gradient buffers (grad_stream) and writes the
   // parameters: it ends before any member goes. Its error, if any, is dropped with the run.
@@ -338,6 +340,7 @@ struct Trainer::Impl {
     Device dev = device;
     Tensor loss_sum;
     int64_t tokens = 0;
+    step_attention_flops = 0;
     if (!memory_profiling) {
       memory_trace(dev).clear_events();
       log_start = memory_trace(dev).snapshot();
@@ -355,6 +358,8 @@ struct Trainer::Impl {
         TagScope tag(MemoryTag::Activation);
         loss = task->loss(*b.host, b.arrays, policy);
         tokens += b.host->tokens;
+        if (const models::Decoder* d = task->decoder())
+          step_attention_flops += d->config().attention_training_flops(b.host->document_lengths);
       }
       // optimizer.update_overlap: the previous step's update ran alongside this forward; the
       // backward refills the host gradient buffers it read.
@@ -745,8 +750,10 @@ TrainSummary Trainer::run() {
   auto t_run = std::chrono::steady_clock::now();
   memory_trace(I.device).reset_peaks();
   if (!I.memory_profiling) memory_trace(I.device).set_event_logging(true, 1u << 21);
-  // Peak FLOP rate for MFU: the device's dense bf16 peak (device_info.h; 0 on the CPU and on
-  // architectures without a table entry, which report MFU as n/a).
+  // MFU: (6 x parameters x tokens + the attention products' FLOPs of a decoder task, recompute not
+  // counted) / step time / the device's dense bf16 peak (device_info.h; 0 on the CPU and on
+  // architectures without a table entry, which report MFU as n/a). The FP8 mode is measured against
+  // the same bf16 peak.
   const double peak_flops = device_info(I.device).peak_bf16_flops;
   while (I.step < I.total_steps) {
     auto t0 = std::chrono::steady_clock::now();
@@ -788,7 +795,9 @@ TrainSummary Trainer::run() {
     sum.last_loss = loss;
     sum.steps++;
     double tps = tokens / (ms / 1e3);
-    double mfu = peak_flops > 0 ? 6.0 * static_cast<double>(I.num_params()) * tps / peak_flops : 0.0;
+    const double model_flops = 6.0 * static_cast<double>(I.num_params()) * static_cast<double>(tokens) +
+                               I.step_attention_flops;
+    double mfu = peak_flops > 0 ? model_flops / (ms / 1e3) / peak_flops : 0.0;
     double lr = I.schedule.at(I.step);
     const MemorySnapshot snap = memory_trace(I.device).snapshot();
     json row{{"step", I.step},          {"loss", loss},       {"grad_norm", gnorm},

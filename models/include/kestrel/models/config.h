@@ -82,6 +82,11 @@ struct TextConfig {
   // i - window < j <= i, transformers' sliding_window.
   int64_t attention_window(int64_t layer) const;
   int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
+  // FLOPs of the attention score and value products in one training step (forward and backward, no
+  // recompute) over packed documents of these lengths: per layer and per visible (query, key) pair,
+  // 4 * heads * head_dim forward (Q K^T and P V) and twice that backward; visible pairs are the
+  // causal ones within the layer's window. What MFU adds to 6 x parameters x tokens.
+  double attention_training_flops(const std::vector<int64_t>& document_lengths) const;
   // The rotary table of this config (rope_scaling applied) for sequences of up to `seq_len` tokens
   // (max position + 1; only "dynamic" depends on it).
   RopeFrequencies rope_frequencies(int64_t seq_len = 0) const;

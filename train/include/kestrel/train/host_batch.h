@@ -24,6 +24,7 @@ struct HostBatch {
   uint64_t index = 0;       // micro-batch index (data position) it was built for
   int64_t tokens = 0;       // tokens in the batch (for tokens/s)
   int64_t max_seqlen = 0;   // longest document (PackedBatch::max_seqlen)
+  std::vector<int64_t> document_lengths;  // of the packed layout (add_packed_layout): MFU's attention FLOPs
   // VLM batches: the tower images of each document, in order (tiles then thumbnail, image_tiling.h);
   // host metadata, not copied to the device. Empty: one image per document.
   std::vector<int64_t> images_per_document;
