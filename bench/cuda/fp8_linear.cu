@@ -6,18 +6,30 @@
 //   BM_gemm_fp8: the forward GEMM alone (2 T K N FLOP), e4m3 x e4m3, fast accumulation: the ceiling
 //     the casts eat into. BM_gemm_bf16 is the same GEMM in bf16 (kestrel's matmul: cuBLASLt).
 //   BM_cast_fp8: x [T, K] bf16 -> plain + transposed e4m3 (GB/s: 2 bytes read + 2 written per element).
-// Counters: TFLOP/s (GEMMs, linears) and GB/s (casts). The scales are seeded (one roll) so the timed
-// path is the delayed one (no amax pre-pass).
+//   BM_copy: a device copy of [T, K] bf16 (2 bytes read + 2 written per element): the HBM ceiling.
+//   Producers with linear_fp8's input cast (kestrel/ops/fp8_producers.h), each as two passes (the op,
+//   then fp8_input_cast: *_cast) and fused (*_fp8), X8 and X8T written, under no-grad (the op alone):
+//     BM_rms_norm_*:     x [T, C] -> y, X8, X8T      GB/s over 6 bytes per element (2 read, 2 + 1 + 1 written)
+//     BM_add_rms_norm_*: x, res -> y, h, X8, X8T     10 bytes (4 read, 6 written)
+//     BM_swiglu_*:       gate, up [T, I] -> y, codes 8 bytes (4 read, 4 written)
+//   Both rows of a pair count the fused pass's bytes, so their GB/s compare directly (the two-pass
+//   version moves 2 bytes per element more, reading y back for the cast, and launches twice).
+// Counters: TFLOP/s (GEMMs, linears) and GB/s (casts, copies, producers). The scales are seeded (one
+// roll) so the timed path is the delayed one (no amax pre-pass; the fused producers need it).
 #include <benchmark/benchmark.h>
 
 #include <functional>
 
 #include "bench_common.cuh"
+#include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/cuda/check.h"
 #include "kestrel/cuda/context.h"
+#include "kestrel/ops/activation.h"
 #include "kestrel/ops/fp8.h"
+#include "kestrel/ops/fp8_producers.h"
 #include "kestrel/ops/matmul.h"
+#include "kestrel/ops/norm.h"
 #include "kestrel/runtime/random.h"
 
 namespace kestrel {
@@ -81,6 +93,51 @@ void BM_cast_fp8(benchmark::State& state) {
             static_cast<double>(kTokens * K) * 4.0);
 }
 
+void BM_copy(benchmark::State& state) {
+  const int64_t K = state.range(0);
+  Tensor x = rnd({kTokens, K}), y = Tensor::empty({kTokens, K}, DType::BF16, kGpu);
+  time_loop(state, [&] { y.copy_(x); }, 0, static_cast<double>(kTokens * K) * 4.0);
+}
+
+enum class Producer { RmsNorm, AddRmsNorm, Swiglu };
+
+// One linear's seeded state (input scale 112: e4m3's max at |y| = 4).
+Fp8State producer_state() {
+  Fp8State st(1, Fp8Recipe{}, kGpu);
+  st.load(Tensor::full({3, Fp8Recipe{}.amax_history}, 4.0), Tensor::full({3}, 112.0), 1);
+  return st;
+}
+
+void run_producer(benchmark::State& state, Producer kind, bool fused) {
+  const int64_t C = state.range(0);
+  Tensor a = rnd({kTokens, C}), b = rnd({kTokens, C}), w = normal({C}, 1.0, 0.1, DType::BF16, kGpu);
+  Fp8State st = producer_state();
+  autograd::NoGradGuard no_grad;  // the ops alone, no tape entries
+  const double per_element = kind == Producer::RmsNorm ? 6.0 : kind == Producer::AddRmsNorm ? 10.0 : 8.0;
+  time_loop(state, [&] {
+    switch (kind) {
+      case Producer::RmsNorm:
+        if (fused) (void)rms_norm_fp8(a, w, 1e-5, st, 0, true);
+        else (void)fp8_input_cast(rms_norm(a, w, 1e-5), st, 0, true);
+        break;
+      case Producer::AddRmsNorm:
+        if (fused) (void)add_rms_norm_fp8(a, b, w, 1e-5, st, 0, true);
+        else (void)fp8_input_cast(add_rms_norm(a, b, w, 1e-5).first, st, 0, true);
+        break;
+      case Producer::Swiglu:
+        if (fused) (void)swiglu_fp8(a, b, st, 0, true);
+        else (void)fp8_input_cast(swiglu(a, b), st, 0, true);
+        break;
+    }
+  }, 0, static_cast<double>(kTokens * C) * per_element);
+}
+void BM_rms_norm_cast(benchmark::State& state) { run_producer(state, Producer::RmsNorm, false); }
+void BM_rms_norm_fp8(benchmark::State& state) { run_producer(state, Producer::RmsNorm, true); }
+void BM_add_rms_norm_cast(benchmark::State& state) { run_producer(state, Producer::AddRmsNorm, false); }
+void BM_add_rms_norm_fp8(benchmark::State& state) { run_producer(state, Producer::AddRmsNorm, true); }
+void BM_swiglu_cast(benchmark::State& state) { run_producer(state, Producer::Swiglu, false); }
+void BM_swiglu_fp8(benchmark::State& state) { run_producer(state, Producer::Swiglu, true); }
+
 #define SHAPES(b)                                                                                   \
   BENCHMARK(b)->Args({2048, 2048})->Args({2048, 512})->Args({2048, 8192})->Args({8192, 2048})->UseManualTime() \
       ->Unit(benchmark::kMillisecond)->MinTime(0.2)
@@ -88,7 +145,15 @@ SHAPES(BM_linear_bf16);
 SHAPES(BM_linear_fp8);
 SHAPES(BM_gemm_bf16);
 SHAPES(BM_gemm_fp8);
-BENCHMARK(BM_cast_fp8)->Arg(2048)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+#define COLUMNS(b) BENCHMARK(b)->Arg(2048)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2)
+COLUMNS(BM_cast_fp8);
+COLUMNS(BM_copy);
+COLUMNS(BM_rms_norm_cast);
+COLUMNS(BM_rms_norm_fp8);
+COLUMNS(BM_add_rms_norm_cast);
+COLUMNS(BM_add_rms_norm_fp8);
+COLUMNS(BM_swiglu_cast);
+COLUMNS(BM_swiglu_fp8);
 
 }  // namespace
 }  // namespace kestrel

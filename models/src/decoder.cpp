@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "kestrel/ops/activation.h"
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
 #include "kestrel/ops/fp8.h"
+#include "kestrel/ops/fp8_producers.h"
 #include "kestrel/ops/matmul.h"
 #include "kestrel/ops/mlp.h"
 #include "kestrel/ops/norm.h"
@@ -109,15 +111,25 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   auto proj = [&](const Tensor& in, const Tensor& w, const Tensor& b, int64_t j) {
     return fp8_ ? linear_fp8(in, w, b, *fp8_, index * kFp8LinearsPerLayer + j) : linear(in, w, b);
   };
+  // FP8 input casts written by the ops producing the q/k/v, gate/up and down inputs (fp8_producers.h).
+  const bool fused = fp8_ && fp8_fused_casts_;
+  const int64_t base = index * kFp8LinearsPerLayer;
   Tensor attn_out;
   {
     MemoryLabelScope label("attn");  // allocation attribution for the memory profiler
-    Tensor x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
-    Tensor q, k, v;
+    Tensor x, q, k, v;
+    Fp8InputCast x8;
+    if (fused) {
+      Fp8Produced p = rms_norm_fp8(h, L.input_layernorm, config_.rms_norm_eps, *fp8_, base + 0,
+                                   fp8_input_needs_transposed({L.q_proj, L.k_proj, L.v_proj}));
+      x = p.y;
+      x8 = p.x8;
+    } else {
+      x = rms_norm(h, L.input_layernorm, config_.rms_norm_eps);
+    }
     if (fp8_) {  // x cast to FP8 once for the three projections
-      const int64_t base = index * kFp8LinearsPerLayer;
       std::vector<Tensor> qkv = linear_fp8(x, {L.q_proj, L.k_proj, L.v_proj}, {L.q_bias, L.k_bias, L.v_bias}, *fp8_,
-                                           {base + 0, base + 1, base + 2});
+                                           {base + 0, base + 1, base + 2}, &x8);
       q = qkv[0], k = qkv[1], v = qkv[2];
     } else {
       q = linear(x, L.q_proj, L.q_bias), k = linear(x, L.k_proj, L.k_bias), v = linear(x, L.v_proj, L.v_bias);
@@ -164,14 +176,26 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     attn_out = proj(reshape(a, {T, Hq * D}), L.o_proj, L.o_bias, 3);
   }
   MemoryLabelScope label("mlp");
-  auto [y, h2] = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
+  Tensor y, h2;
+  Fp8InputCast y8;
+  if (fused) {  // enable_fp8 refuses the tiled MLP, so the MLP below is the FP8 one
+    Fp8ProducedResidual p = add_rms_norm_fp8(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps, *fp8_,
+                                             base + 4, fp8_input_needs_transposed({L.gate_proj, L.up_proj}));
+    y = p.y, h2 = p.h, y8 = p.x8;
+  } else {
+    std::tie(y, h2) = add_rms_norm(attn_out, h, L.post_attention_layernorm, config_.rms_norm_eps);
+  }
   Tensor m;
   if (mlp_tile_tokens_ > 0) {
     m = swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_);
   } else if (fp8_) {  // y cast to FP8 once for gate and up
-    const int64_t base = index * kFp8LinearsPerLayer;
-    std::vector<Tensor> gu = linear_fp8(y, {L.gate_proj, L.up_proj}, {}, *fp8_, {base + 4, base + 5});
-    m = proj(swiglu(gu[0], gu[1]), L.down_proj, Tensor(), 6);
+    std::vector<Tensor> gu = linear_fp8(y, {L.gate_proj, L.up_proj}, {}, *fp8_, {base + 4, base + 5}, &y8);
+    if (fused) {
+      Fp8Produced s = swiglu_fp8(gu[0], gu[1], *fp8_, base + 6, fp8_input_needs_transposed({L.down_proj}));
+      m = linear_fp8(s.y, L.down_proj, Tensor(), *fp8_, base + 6, &s.x8);
+    } else {
+      m = proj(swiglu(gu[0], gu[1]), L.down_proj, Tensor(), 6);
+    }
   } else {
     m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
   }

@@ -43,23 +43,26 @@ void amax_cpu(const Tensor& x, const Tensor& amax) {
   fold_amax(amax, m);
 }
 
-void cast_cpu(const Tensor& x, const Tensor& out, const Tensor& out_t, const Tensor& scale, const Tensor& scales_out,
-              const Tensor& amax, Fp8Format format) {
-  const int64_t R = x.shape()[0], C = x.shape()[1];
-  const float s = *scale.data<float>();
-  uint8_t* o = out.defined() ? out.data<uint8_t>() : nullptr;
-  uint8_t* ot = out_t.defined() ? out_t.data<uint8_t>() : nullptr;
+void cast_cpu(const Tensor& x, const kernels::Fp8CastTarget& into) {
+  const int64_t R = x.shape()[0], C = x.shape()[1], Rp = into.padded_rows();
+  const float s = *into.scale.data<float>();
+  uint8_t* o = into.out.defined() ? into.out.data<uint8_t>() : nullptr;
+  uint8_t* ot = into.out_t.defined() ? into.out_t.data<uint8_t>() : nullptr;
   parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r)
       for (int64_t c = 0; c < C; ++c) {
-        const uint8_t q = float_to_fp8(load(x, r * C + c) * s, format);
+        const uint8_t q = float_to_fp8(load(x, r * C + c) * s, into.format);
         if (o) o[r * C + c] = q;
-        if (ot) ot[c * R + r] = q;
+        if (ot) ot[c * Rp + r] = q;
       }
   });
-  scales_out.data<float>()[0] = 1.0f / s;
-  scales_out.data<float>()[1] = s;
-  if (amax.defined()) amax_cpu(x, amax);
+  // The padding rows R..Rp-1: code 0 (the value 0).
+  if (o) std::memset(o + R * C, 0, static_cast<size_t>((Rp - R) * C));
+  if (ot)
+    for (int64_t c = 0; c < C; ++c) std::memset(ot + c * Rp + R, 0, static_cast<size_t>(Rp - R));
+  into.scales_out.data<float>()[0] = 1.0f / s;
+  into.scales_out.data<float>()[1] = s;
+  if (into.amax.defined()) amax_cpu(x, into.amax);
 }
 
 void scale_cpu(const Tensor& history, const Tensor& scale, double fmax, int64_t margin) {

@@ -1,6 +1,7 @@
 // CUDA activation kernels (SiLU, GELU erf/tanh, ReLU, SwiGLU; forward and backward) for the slots in
 // kernels/activation.h. Contiguous operands of one dtype: 16-byte vector loads/stores when every
 // pointer is 16-byte aligned, scalar otherwise, f32 math (the same formulas as cpu/activation.cpp).
+#include "cuda/activation_math.cuh"
 #include "cuda/common.cuh"
 #include "kernels/activation.h"
 
@@ -8,7 +9,7 @@ namespace kestrel::cuda_ops {
 namespace {
 using kernels::Activation;
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigmoidf_(float x) { return sigmoid_f32(x); }
 
 __device__ __forceinline__ float act(Activation k, float x) {
   switch (k) {
@@ -114,7 +115,7 @@ struct ActBwd {
   __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = x[1] * act_grad(k, x[0]); }
 };
 struct SwigluFwd {
-  __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = x[0] * sigmoidf_(x[0]) * x[1]; }
+  __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = swiglu_f32(x[0], x[1]); }
 };
 struct SwigluBwd {  // x = {gate, up, dy}; y = {dgate, dup}
   __device__ void operator()(const float (&x)[3], float (&y)[2]) const {

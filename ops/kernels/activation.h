@@ -1,6 +1,7 @@
 // Private: activation kernel slots, forward and backward side by side. All tensors contiguous, one dtype.
 #pragma once
 
+#include "kernels/fp8.h"
 #include "kernels/registry.h"
 #include "kestrel/runtime/tensor.h"
 
@@ -17,9 +18,15 @@ using SwigluFn = void(const Tensor& out, const Tensor& gate, const Tensor& up);
 using SwigluBackwardFn = void(const Tensor& dgate, const Tensor& dup, const Tensor& gate, const Tensor& up,
                               const Tensor& dy);
 
+// out = silu(gate) * up over [R, C], writing in the same pass the FP8 copy of out (as stored) into
+// `fp8` (kernels/fp8.h). Returns false, having written nothing, when the device kernel does not take
+// this shape or layout (the op then runs swiglu_forward and the cast). No CPU kernel.
+using SwigluFp8Fn = bool(const Tensor& out, const Tensor& gate, const Tensor& up, const Fp8CastTarget& fp8);
+
 inline KernelSlot<ActivationFn> activation_forward;
 inline KernelSlot<ActivationBackwardFn> activation_backward;
 inline KernelSlot<SwigluFn> swiglu_forward;
+inline KernelSlot<SwigluFp8Fn> swiglu_fp8_forward;
 inline KernelSlot<SwigluBackwardFn> swiglu_backward;
 
 }  // namespace kestrel::kernels

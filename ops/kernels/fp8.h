@@ -8,11 +8,22 @@
 
 namespace kestrel::kernels {
 
-// x [R, C] contiguous (f32 or bf16). out [R, C] and/or out_t [C, R] u8 contiguous (either may be
-// undefined): fp8(x * scale[0]). scales_out f32 [2] = {1 / scale[0], scale[0]}. amax (f32 [1]) or
-// undefined: amax = max(amax, max|x|).
-using Fp8CastFn = void(const Tensor& x, const Tensor& out, const Tensor& out_t, const Tensor& scale,
-                       const Tensor& scales_out, const Tensor& amax, Fp8Format format);
+// Where a cast of x [R, C] writes, and with what scale: the standalone cast below, or the epilogue of
+// a kernel that produces x (the FP8 producers: norm.h's rms_norm_fp8_forward, activation.h's
+// swiglu_fp8_forward). out [Rp, C] and/or out_t [C, Rp] u8 contiguous (either may be undefined),
+// Rp >= R: rows R..Rp-1 are the zero rows an FP8 GEMM operand is padded with (code 0, x not read
+// there); codes fp8(x * scale[0]) in `format`, x as stored (a producer casts its output rounded to
+// the output's dtype). scales_out f32 [2] = {1 / scale[0], scale[0]}. amax (f32 [1]) or undefined:
+// amax = max(amax, max|x|). scale is read on the device (no host sync).
+struct Fp8CastTarget {
+  Tensor out, out_t, scale, scales_out, amax;
+  Fp8Format format = Fp8Format::E4M3;
+  // Rp: the rows of out (or the columns of out_t); 0 when neither is asked for.
+  int64_t padded_rows() const { return out.defined() ? out.shape()[0] : out_t.defined() ? out_t.shape()[1] : 0; }
+};
+
+// x [R, C] contiguous (f32 or bf16) cast into `into` (above).
+using Fp8CastFn = void(const Tensor& x, const Fp8CastTarget& into);
 // amax (f32 [1]) = max(amax, max|x|); x [R, C] contiguous.
 using Fp8AmaxFn = void(const Tensor& x, const Tensor& amax);
 // For each row r of history [R, H] (contiguous f32): m = max_h history[r, h]; when m is finite and

@@ -4,6 +4,7 @@
 
 #include "kernels/activation.h"
 #include "kestrel/autograd/tape.h"
+#include "src/fp8_input.h"
 
 namespace kestrel {
 namespace ag = autograd;
@@ -36,14 +37,28 @@ Tensor gelu(const Tensor& x, bool tanh_approx) {
 }
 Tensor relu(const Tensor& x) { return activation(Activation::Relu, x, "relu"); }
 
-Tensor swiglu(const Tensor& gate, const Tensor& up) {
+Tensor swiglu(const Tensor& gate, const Tensor& up) { return detail::swiglu(gate, up, nullptr); }
+
+namespace detail {
+
+Tensor swiglu(const Tensor& gate, const Tensor& up, const kernels::Fp8CastTarget* fp8) {
   KESTREL_CHECK(gate.defined() && up.defined(), "swiglu", "undefined input");
   KESTREL_CHECK(is_floating(gate.dtype()), "swiglu", "expected a floating tensor, got ", gate.str());
   KESTREL_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype() && gate.device() == up.device(), "swiglu",
                 "gate ", gate.str(), " and up ", up.str(), " must have one shape, dtype and device");
   Tensor gc = gate.contiguous(), uc = up.contiguous();
   Tensor out = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
-  if (out.numel() > 0) kernels::dispatch(kernels::swiglu_forward, "swiglu", gate.device(), out, gc, uc);
+  const Device d = gate.device();
+  // With `fp8` (fp8_input.h): the fused kernel where the device has one for the shape, else the plain
+  // kernel and the cast of the stored output. The FP8 target is over [rows, C] (C the last dim).
+  auto rows = [&](const Tensor& t) { return t.view({-1, gate.shape().back()}); };
+  const auto& slot = kernels::swiglu_fp8_forward;  // CUDA only (a test may install a CPU one)
+  const bool fused = fp8 && out.numel() > 0 && (d.is_cuda() ? slot.cuda : slot.cpu) &&
+                     kernels::dispatch(slot, "swiglu", d, rows(out), rows(gc), rows(uc), *fp8);
+  if (!fused) {
+    if (out.numel() > 0) kernels::dispatch(kernels::swiglu_forward, "swiglu", d, out, gc, uc);
+    if (fp8) kernels::dispatch(kernels::fp8_cast, "fp8_cast", d, rows(out), *fp8);
+  }
   if (!ag::should_record({gate, up})) return out;
   ag::record("swiglu", {gate, up}, out, [gd = gc.detach(), ud = uc.detach()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
     Tensor dg = Tensor::empty(gd.shape(), gd.dtype(), gd.device());
@@ -55,4 +70,5 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   return out;
 }
 
+}  // namespace detail
 }  // namespace kestrel

@@ -4,7 +4,9 @@
 
 #include <vector>
 
+#include "src/fp8_input.h"
 #include "kernels/fp8.h"
+#include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/shape.h"
@@ -46,14 +48,6 @@ void check_fp8_operand(const Fp8Tensor& q, const char* what) {
 
 int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// x [T, K] with zero rows appended up to `rows` (x itself when it already has them).
-Tensor pad_rows(const Tensor& x, int64_t rows) {
-  if (x.shape()[0] == rows) return x.contiguous();
-  Tensor p = Tensor::zeros({rows, x.shape()[1]}, x.dtype(), x.device());
-  p.narrow_view(0, 0, x.shape()[0]).copy_(x);
-  return p;
-}
-
 // The scale a cast of x in role row `row` uses: the state's (delayed) once seeded; before that, one
 // computed from x's own amax (a fresh scalar, so every call's snapshot is its own).
 Tensor role_scale(const Fp8State& state, int64_t row, Fp8Format format, const Tensor& x) {
@@ -66,7 +60,66 @@ Tensor role_scale(const Fp8State& state, int64_t row, Fp8Format format, const Te
   return scale;
 }
 
+// The buffers of a cast of [R, C] with Rp output rows (R plus zero padding) and the target that
+// writes them: the codes and their scales, {1 / scale, scale} in their own allocation (the
+// dequantisation factor first: on CUDA the caching allocator's blocks are 512-byte aligned, so
+// scales[0] meets cuBLASLt's 16-byte rule for scale pointers and fp8_gemm passes it as is, no copy
+// into an aligned workspace, no extra kernel per GEMM).
+struct CastBuffers {
+  Fp8CastResult result;
+  kernels::Fp8CastTarget target;
+};
+CastBuffers cast_buffers(int64_t Rp, int64_t C, Device device, const Tensor& scale, Fp8Format format, bool plain,
+                         bool transposed, const Tensor& amax) {
+  CastBuffers b;
+  Tensor scales = Tensor::empty({2}, DType::F32, device);
+  if (plain) b.result.plain = {Tensor::empty({Rp, C}, DType::U8, device), scales, format};
+  if (transposed) b.result.transposed = {Tensor::empty({C, Rp}, DType::U8, device), scales, format};
+  b.target = {b.result.plain.data, b.result.transposed.data, scale, scales, amax, format};
+  return b;
+}
+
+// Casts x [R, C] (contiguous) into codes of Rp >= R rows (zero rows appended).
+Fp8CastResult cast_rows(const Tensor& x, int64_t Rp, const Tensor& scale, Fp8Format format, bool plain,
+                        bool transposed, const Tensor& amax) {
+  CastBuffers b = cast_buffers(Rp, x.shape()[1], x.device(), scale, format, plain, transposed, amax);
+  kernels::dispatch(kernels::fp8_cast, "fp8_cast", x.device(), x, b.target);
+  return b.result;
+}
+
+// Where a cast folds its amax: the state's running amax of that row while observing, nowhere when not
+// (evaluation, sampling: the same casts and GEMMs, the training scales untouched).
+Tensor amax_slot(const Fp8State& s, int64_t row) { return s.observing() ? s.amax().narrow_view(0, row, 1) : Tensor(); }
+
+void check_input(const Tensor& x, const Fp8State& state, const char* op) {
+  KESTREL_CHECK(x.defined() && x.dim() >= 1 && (x.dtype() == DType::BF16 || x.dtype() == DType::F32), op,
+                "x must be bf16 (or f32 on the CPU), got ", x.defined() ? x.str() : std::string("undefined"));
+  KESTREL_CHECK(x.device() == state.device(), op, "x on ", x.device().str(), ", state on ", state.device().str());
+  KESTREL_CHECK(x.dtype() == DType::BF16 || !x.device().is_cuda(), op,
+                "f32 FP8 linears are emulated on the CPU only; on ", x.device().str(), " x must be bf16, got ",
+                x.str());
+}
+
+// The input cast of linear `index` for x of T rows and K columns with `scale`: buffers of Tp rows.
+detail::PendingInputCast pending_cast(Fp8State& state, int64_t index, int64_t T, int64_t K, bool transposed,
+                                      const Tensor& scale) {
+  const int64_t row = state.row(index, Fp8Role::Input);
+  CastBuffers b = cast_buffers(round_up16(std::max<int64_t>(T, 1)), K, state.device(), scale,
+                               state.format(Fp8Role::Input), true, transposed, amax_slot(state, row));
+  return {b.target, Fp8InputCast{b.result, &state, index, state.rolls()}};
+}
+
 }  // namespace
+
+namespace detail {
+
+PendingInputCast pending_input_cast(Fp8State& state, int64_t index, int64_t T, int64_t K, bool transposed) {
+  KESTREL_CHECK(state.seeded(), "fp8", "a producer-fused input cast needs a seeded state (scales from a roll)");
+  return pending_cast(state, index, T, K, transposed,
+                      state.scale().narrow_view(0, state.row(index, Fp8Role::Input), 1));
+}
+
+}  // namespace detail
 
 // ---- casts and GEMM ----
 
@@ -79,17 +132,27 @@ Fp8CastResult fp8_cast(const Tensor& x_in, const Tensor& scale, Fp8Format format
   check_scalar(scale, x_in.device(), "scale");
   if (amax.defined()) check_scalar(amax, x_in.device(), "amax");
   Tensor x = x_in.contiguous();
-  const int64_t R = x.shape()[0], C = x.shape()[1];
-  Fp8CastResult r;
-  // Its own allocation, the dequantisation factor first: on CUDA the caching allocator's blocks are
-  // 512-byte aligned, so scales[0] meets cuBLASLt's 16-byte rule for scale pointers and fp8_gemm passes
-  // it as is (no copy into an aligned workspace, no extra kernel per GEMM).
-  Tensor scales = Tensor::empty({2}, DType::F32, x.device());
-  if (plain) r.plain = {Tensor::empty({R, C}, DType::U8, x.device()), scales, format};
-  if (transposed) r.transposed = {Tensor::empty({C, R}, DType::U8, x.device()), scales, format};
-  kernels::dispatch(kernels::fp8_cast, "fp8_cast", x.device(), x, r.plain.data, r.transposed.data, scale, scales,
-                    amax, format);
-  return r;
+  return cast_rows(x, x.shape()[0], scale, format, plain, transposed, amax);
+}
+
+Fp8InputCast fp8_input_cast(const Tensor& x, Fp8State& state, int64_t index, bool transposed) {
+  check_input(x, state, "fp8_input_cast");
+  const int64_t K = x.shape().back();
+  KESTREL_CHECK(K % 16 == 0, "fp8_input_cast", "x ", x.str(),
+                ": the features must be a multiple of 16 (cuBLASLt's FP8 leading dimensions)");
+  Tensor x2 = (x.dim() == 2 ? x : reshape(x, {-1, K})).detach().contiguous();
+  const int64_t row = state.row(index, Fp8Role::Input);
+  detail::PendingInputCast p =
+      pending_cast(state, index, x2.shape()[0], K, transposed, role_scale(state, row, state.format(Fp8Role::Input), x2));
+  kernels::dispatch(kernels::fp8_cast, "fp8_cast", x2.device(), x2, p.target);
+  return p.cast;
+}
+
+bool fp8_input_needs_transposed(const std::vector<Tensor>& weights) {
+  if (!ag::grad_enabled()) return false;
+  for (const Tensor& w : weights)
+    if (w.defined() && w.requires_grad()) return true;
+  return false;
 }
 
 void fp8_amax_into(const Tensor& x, const Tensor& amax) {
@@ -182,18 +245,12 @@ void Fp8State::roll() {
 // ---- linear ----
 
 std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
-                               Fp8State& state, const std::vector<int64_t>& indices) {
+                               Fp8State& state, const std::vector<int64_t>& indices, const Fp8InputCast* x8_in) {
   KESTREL_CHECK(!weights.empty() && indices.size() == weights.size() &&
                     (biases.empty() || biases.size() == weights.size()),
                 "linear_fp8", "needs one index per weight (and one bias per weight, or none), got ", weights.size(),
                 " weights, ", indices.size(), " indices, ", biases.size(), " biases");
-  KESTREL_CHECK(x.dim() >= 1 && (x.dtype() == DType::BF16 || x.dtype() == DType::F32), "linear_fp8",
-                "x must be bf16 (or f32 on the CPU), got ", x.str());
-  KESTREL_CHECK(x.device() == state.device(), "linear_fp8", "x on ", x.device().str(), ", state on ",
-                state.device().str());
-  KESTREL_CHECK(x.dtype() == DType::BF16 || !x.device().is_cuda(), "linear_fp8",
-                "f32 FP8 linears are emulated on the CPU only; on ", x.device().str(), " x must be bf16, got ",
-                x.str());
+  check_input(x, state, "linear_fp8");
   const DType dt = x.dtype();
   const int64_t K = x.shape().back();
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -209,22 +266,30 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
       KESTREL_CHECK(biases[i].dim() == 1 && biases[i].shape()[0] == w.shape()[0] && biases[i].dtype() == dt,
                     "linear_fp8", "bias must be ", dtype_name(dt), " [", w.shape()[0], "], got ", biases[i].str());
   }
-  const Fp8Format fx = state.format(Fp8Role::Input), fw = state.format(Fp8Role::Weight),
-                  fg = state.format(Fp8Role::GradOutput);
+  const Fp8Format fw = state.format(Fp8Role::Weight), fg = state.format(Fp8Role::GradOutput);
   Tensor x2 = x.dim() == 2 ? x : reshape(x, {-1, K});
   const int64_t T = x2.shape()[0], Tp = round_up16(std::max<int64_t>(T, 1));
   // The input is cast once, with the first linear's input row; X8T is kept when any weight needs
-  // its gradient, and shared by their backward closures.
+  // its gradient, and shared by their backward closures. (any_gw is fp8_input_needs_transposed: for a
+  // weight that requires grad, should_record({x2, w}) is grad mode.)
   bool any_gw = false;
   for (const Tensor& w : weights) any_gw = any_gw || (w.requires_grad() && ag::should_record({x2, w}));
-  const int64_t rx = state.row(indices[0], Fp8Role::Input);
-  // Where a cast folds its amax: the state's running amax of that row while observing, nowhere when
-  // not (evaluation, sampling: the same casts and GEMMs, the training scales untouched).
-  auto amax_slot = [](const Fp8State& s, int64_t row) {
-    return s.observing() ? s.amax().narrow_view(0, row, 1) : Tensor();
-  };
-  Tensor xd = pad_rows(x2.detach(), Tp);
-  Fp8CastResult x8 = fp8_cast(xd, role_scale(state, rx, fx, xd), fx, true, any_gw, amax_slot(state, rx));
+  Fp8CastResult x8;
+  if (x8_in && x8_in->defined()) {  // made by x's producer (or fp8_input_cast) with this linear's input row
+    KESTREL_CHECK(x8_in->state == &state && x8_in->index == indices[0], "linear_fp8", "the input cast was made for ",
+                  "linear ", x8_in->index, " of ", x8_in->state == &state ? "this" : "another", " FP8 state; this ",
+                  "call casts with the input row of linear ", indices[0], " of its state");
+    KESTREL_CHECK(x8_in->rolls == state.rolls(), "linear_fp8", "the input cast was made at roll ", x8_in->rolls,
+                  ", the state has rolled since (now ", state.rolls(), "): its scale is stale");
+    const Tensor& p = x8_in->x8.plain.data;
+    KESTREL_CHECK(p.dim() == 2 && p.shape()[0] == Tp && p.shape()[1] == K, "linear_fp8", "the input cast's codes ",
+                  p.str(), " do not fit x ", x.str(), " (expected [", Tp, ", ", K, "])");
+    KESTREL_CHECK(!any_gw || x8_in->x8.transposed.data.defined(), "linear_fp8", "a weight needs its gradient but "
+                  "the input cast has no transposed copy (make it with fp8_input_needs_transposed(weights))");
+    x8 = x8_in->x8;
+  } else {
+    x8 = fp8_input_cast(x2, state, indices[0], any_gw).x8;
+  }
   Fp8State* st = &state;  // owned by the model, which outlives its tape
   std::vector<Tensor> outs;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -234,19 +299,19 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
     const bool record = ag::should_record({x2, weight});
     const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
     Tensor wd = weight.detach().contiguous();
-    Fp8CastResult w8 = fp8_cast(wd, role_scale(state, rw, fw, wd), fw, true, false, amax_slot(state, rw));
+    Fp8CastResult w8 = cast_rows(wd, N, role_scale(state, rw, fw, wd), fw, true, false, amax_slot(state, rw));
     Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
     if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
     if (record) {
       Fp8Tensor xt = gw ? x8.transposed : Fp8Tensor{};  // [K, Tp], the only activation kept
       Tensor w_scales = w8.plain.scales;
       ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-        Tensor go = pad_rows(g[0].detach(), Tp);  // [Tp, N]
-        Fp8CastResult g8 = fp8_cast(go, role_scale(*st, rg, fg, go), fg, gx, gw, amax_slot(*st, rg));
+        Tensor go = g[0].detach().contiguous();  // [T, N]; the cast appends the zero rows up to Tp
+        Fp8CastResult g8 = cast_rows(go, Tp, role_scale(*st, rg, fg, go), fg, gx, gw, amax_slot(*st, rg));
         Tensor dx, dw;
         if (gx) {
           // W8T [K, N] with the forward's weight scale (the weight has not changed since).
-          Fp8CastResult wt = fp8_cast(wd, w_scales.narrow_view(0, 1, 1), fw, false, true);
+          Fp8CastResult wt = cast_rows(wd, N, w_scales.narrow_view(0, 1, 1), fw, false, true, Tensor());
           dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
           if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
         }
@@ -262,8 +327,10 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
   return outs;
 }
 
-Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index) {
-  return linear_fp8(x, std::vector<Tensor>{weight}, std::vector<Tensor>{bias}, state, std::vector<int64_t>{index})[0];
+Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index,
+                  const Fp8InputCast* x8) {
+  return linear_fp8(x, std::vector<Tensor>{weight}, std::vector<Tensor>{bias}, state, std::vector<int64_t>{index},
+                    x8)[0];
 }
 
 }  // namespace kestrel

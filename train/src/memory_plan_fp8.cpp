@@ -7,8 +7,7 @@
 namespace kestrel::train::plan_detail {
 
 void Planner::fp8_linear_forward(MemoryTag tag, int64_t K, std::initializer_list<int64_t> Ns, bool record, bool bias) {
-  const int64_t T = s_.T, Tp = this->Tp(), b = s_.b, pad = T != Tp ? Tp * K * b : 0;
-  led.alloc(tag, pad);
+  const int64_t T = s_.T, Tp = this->Tp(), b = s_.b;
   led.alloc(tag, kFp8Scales + Tp * K + (record ? K * Tp : 0));
   for (int64_t N : Ns) {
     led.alloc(tag, kFp8Scales + N * K);  // W8 and its scales (kept by the backward closure)
@@ -23,12 +22,12 @@ void Planner::fp8_linear_forward(MemoryTag tag, int64_t K, std::initializer_list
     }
     led.free(tag, N * K + (record ? 0 : kFp8Scales));
   }
-  led.free(tag, pad + Tp * K + (record ? 0 : kFp8Scales));
+  led.free(tag, Tp * K + (record ? 0 : kFp8Scales));
 }
 
 int64_t Planner::fp8_backward_scratch(int64_t N, int64_t K) const {
   const int64_t T = s_.T, Tp = this->Tp(), b = s_.b;
-  return (T != Tp ? Tp * N * b + Tp * K * b : 0) + 2 * kFp8Scales + 2 * Tp * N + K * N;
+  return (T != Tp ? Tp * K * b : 0) + 2 * kFp8Scales + 2 * Tp * N + K * N;
 }
 
 void Planner::decoder_layer_forward_recorded_fp8(MemoryTag tag, bool rerun) {

@@ -96,16 +96,16 @@ class Planner {
   int64_t Tp() const { return (s_.T + 15) / 16 * 16; }
   // What linear_fp8 keeps for backward: X8T of its input and the scales of that cast and of each weight's.
   int64_t fp8_kept(int64_t K, int64_t weights) const { return K * Tp() + kFp8Scales * (1 + weights); }
-  // linear_fp8(x [T, K], weights [N_i, K]) forward: x padded to Tp rows (a copy when T is not a multiple
-  // of 16) and cast once (X8 [Tp, K], and X8T [K, Tp] when recording); per weight its cast W8 [N, K],
-  // the GEMM's [Tp, N] (narrowed into a [T, N] copy when padded; the bias added out of place), W8 gone
-  // after the GEMM; X8 and the padded copy go when the call returns. The outputs stay; recording keeps
-  // fp8_kept(K, weights).
+  // linear_fp8(x [T, K], weights [N_i, K]) forward: x cast once (X8 [Tp, K], and X8T [K, Tp] when
+  // recording; the cast writes the zero rows up to Tp itself, or the op producing x does); per weight
+  // its cast W8 [N, K], the GEMM's [Tp, N] (narrowed into a [T, N] copy when padded; the bias added out
+  // of place), W8 gone after the GEMM; X8 goes when the call returns. The outputs stay; recording
+  // keeps fp8_kept(K, weights).
   void fp8_linear_forward(MemoryTag tag, int64_t K, std::initializer_list<int64_t> Ns, bool record, bool bias);
   // linear_fp8's backward of one weight [N, K], live while its GEMMs write dx [T, K] and dW [N, K] (which
-  // the caller allocates as for a bf16 linear): dY padded to Tp rows (a copy when padded) and cast
-  // plain (dgrad) and transposed (wgrad) with its scales, W8T [K, N] re-cast with its scales, and the
-  // [Tp, K] dx before its narrowed copy when padded.
+  // the caller allocates as for a bf16 linear): dY cast into Tp rows plain (dgrad) and transposed
+  // (wgrad) with its scales, W8T [K, N] re-cast with its scales, and the [Tp, K] dx before its
+  // narrowed copy when padded.
   int64_t fp8_backward_scratch(int64_t N, int64_t K) const;
   // A projection's backward: dx and dW (allocated by `body`) with the FP8 scratch around them.
   template <typename Body>

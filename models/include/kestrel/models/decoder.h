@@ -110,6 +110,12 @@ class Decoder {
   void enable_fp8(const Fp8Recipe& recipe);
   Fp8State* fp8_state() const { return fp8_.get(); }
   static constexpr int64_t kFp8LinearsPerLayer = 7;
+  // With FP8, the input casts of q/k/v, gate/up and down are written by the ops that produce those
+  // inputs (kestrel/ops/fp8_producers.h: the input RMSNorm, the residual add + RMSNorm, SwiGLU) in
+  // their own pass once the state is seeded; off: linear_fp8 casts each input itself. Losses and
+  // gradients are bit for bit the same either way (only the passes over memory differ). On by default.
+  void set_fp8_fused_casts(bool on) { fp8_fused_casts_ = on; }
+  bool fp8_fused_casts() const { return fp8_fused_casts_; }
 
   // Called with each group of parameters just before the forward first reads them: the embedding
   // table in embed(), a layer's tensors before forward() runs the layer, the final norm and the
@@ -133,6 +139,7 @@ class Decoder {
   int64_t mlp_tile_tokens_ = 0;
   LayerRecompute layer_recompute_ = LayerRecompute::Full;
   bool deterministic_ = false;
+  bool fp8_fused_casts_ = true;
   std::shared_ptr<Fp8State> fp8_;  // shared by copies of the decoder (one model, one state)
   ParameterFence fence_;
 };

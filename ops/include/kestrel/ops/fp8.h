@@ -19,12 +19,21 @@
 // step, pushes that amax into the history and recomputes the scales (device kernels, no host sync).
 // Before the first roll the histories are empty: a cast then takes its scale from the tensor's own
 // amax (an amax pass before the cast), so step 1 is sane. A zero or non-finite amax leaves a scale as
-// it was (1 at first). The casts are separate kernels for now; fusing them into the kernels that
-// produce the operands (norms, SwiGLU, attention's output) is a later step. Tile-wise scaling: not yet.
+// it was (1 at first). Tile-wise scaling: not yet.
+//
+// Producer-fused input casts (kestrel/ops/fp8_producers.h): once the state is seeded, the norms and
+// SwiGLU that produce a linear's input write X8 (and X8T) in the same pass as their bf16 output, with
+// the role's current scale, folding the amax as the cast would: linear_fp8 then takes that
+// Fp8InputCast and makes no cast of x. The result is bit for bit the unfused one (the codes are those
+// of the stored, bf16-rounded output). Before the first roll a cast's scale needs the tensor's own
+// amax first, so the producers fall back to the plain op and the cast (fp8_input_cast). The other
+// casts (the weights, W8T, the output gradient, the attention output's input to o_proj) are the
+// standalone cast kernel.
 //
 // Shapes: K and N (the weight's dims) must be multiples of 16 (cuBLASLt's FP8 leading dimensions); the
 // token count T may be anything: a ragged T is padded with zero rows to a multiple of 16 for the GEMMs
-// (exact: zero rows add nothing to any output or to wgrad, and leave the amax unchanged).
+// (exact: zero rows add nothing to any output or to wgrad, and leave the amax unchanged). The casts
+// write the zero rows themselves (no padded copy of x or dy is made).
 #pragma once
 
 #include <cstdint>
@@ -150,16 +159,39 @@ class Fp8ObserveOff {
   bool was_;
 };
 
+// The cast of a linear's input x [T, K] made before linear_fp8 (by fp8_input_cast, or by the kernel
+// that produces x: fp8_producers.h): X8 [Tp, K] and, when made with `transposed`, X8T [K, Tp] (Tp = T
+// rounded up to a multiple of 16, zero rows appended), e4m3, cast with the input scale of linear
+// `index` of `state` as it was at roll count `rolls`, its amax already folded (while observing).
+struct Fp8InputCast {
+  Fp8CastResult x8;
+  const Fp8State* state = nullptr;
+  int64_t index = -1, rolls = -1;
+  bool defined() const { return x8.plain.data.defined(); }
+};
+// Exactly the input cast linear_fp8 makes of x [..., K] for linear `index` (the state's scale once
+// seeded, else one from x's own amax; the amax folded while observing). Not differentiable.
+Fp8InputCast fp8_input_cast(const Tensor& x, Fp8State& state, int64_t index, bool transposed);
+// Whether linear_fp8 over these weights keeps X8T: some weight needs its gradient (grad mode on). The
+// `transposed` argument a producer is given for that linear.
+bool fp8_input_needs_transposed(const std::vector<Tensor>& weights);
+
 // y = x W^T + bias through FP8 as described at the top; x [..., K], weight [N, K], bias [N] or
 // undefined (added after the GEMM, in x's dtype). Uses and updates the state's rows of linear `index`
 // (updates only while the state is observing). bf16 on CUDA; bf16 or f32 on the CPU.
 // Differentiable in x, weight and bias (the gradients through the FP8 dgrad / wgrad GEMMs).
-Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index);
+// x8: x's input cast made beforehand (Fp8InputCast; null or undefined: linear_fp8 casts x itself). It
+// must be for this state, linear and roll count and x's token count, with X8T when a weight needs its
+// gradient; a mismatch is refused by name. x still carries the gradient (dX flows to it).
+Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index,
+                  const Fp8InputCast* x8 = nullptr);
 // Several linears reading one input (q/k/v, gate/up): x is cast once, with the input row of
 // indices[0] (the other linears' input rows stay unused), and one X8T serves every weight gradient.
 // Each output is what linear_fp8(x, weights[i], biases[i], state, indices[i]) gives with that input
-// scale, and records its own tape entry. biases: one per weight (undefined for none) or empty.
+// scale, and records its own tape entry. biases: one per weight (undefined for none) or empty. x8 as
+// above, made for indices[0].
 std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
-                               Fp8State& state, const std::vector<int64_t>& indices);
+                               Fp8State& state, const std::vector<int64_t>& indices,
+                               const Fp8InputCast* x8 = nullptr);
 
 }  // namespace kestrel

@@ -1,0 +1,47 @@
+// The ops that produce a linear_fp8 input, fused with its FP8 input cast (issue 23): the decoder's
+// RMSNorm before q/k/v, the residual add + RMSNorm before gate/up, and SwiGLU before down.
+//
+// Each returns the op's output y (bf16; f32 too on the CPU), differentiable exactly as rms_norm /
+// add_rms_norm / swiglu (the same tape entry: dX of the linear flows into y), together with the cast
+// linear_fp8(y, ..., state, {index, ...}, &x8) takes instead of casting y itself: X8 [Tp, C] and, with
+// `transposed`, X8T [C, Tp] (Tp = rows rounded up to 16, zero rows appended), codes of the stored
+// (rounded) y times the input scale of linear `index`, y's amax folded into the state's running amax
+// while it observes. Everything equals, bit for bit, the op followed by linear_fp8's own cast.
+//
+// On CUDA, once the state is seeded, one kernel computes y and writes both code layouts (the norms:
+// a block stages the codes of 16-32 rows in shared memory and writes X8T in 16-byte column segments;
+// SwiGLU: 128 x 128 tiles), so the cast's pass over y (a read of y, two writes of codes) is gone.
+// Fallbacks, same results: before the first roll (the cast's scale then comes from y's own amax,
+// which needs y complete first) the plain op then fp8_input_cast; on the CPU, or a shape the fused
+// kernel does not take (rows too long for shared memory, unaligned views), the plain kernel then
+// the cast of its output into the same buffers.
+//
+// `transposed`: fp8_input_needs_transposed(the consuming linear's weights). The last dim C must be
+// a multiple of 16 (an FP8 GEMM's K).
+#pragma once
+
+#include "kestrel/ops/fp8.h"
+#include "kestrel/runtime/tensor.h"
+
+namespace kestrel {
+
+struct Fp8Produced {
+  Tensor y;
+  Fp8InputCast x8;
+};
+
+// y = rms_norm(x, weight, eps) with the input cast of linear `index` (kestrel/ops/norm.h).
+Fp8Produced rms_norm_fp8(const Tensor& x, const Tensor& weight, double eps, Fp8State& state, int64_t index,
+                         bool transposed);
+
+struct Fp8ProducedResidual {
+  Tensor y, h;  // add_rms_norm's {rms_norm(h), h = x + residual}; x8 is the cast of y
+  Fp8InputCast x8;
+};
+Fp8ProducedResidual add_rms_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                                     Fp8State& state, int64_t index, bool transposed);
+
+// y = swiglu(gate, up) = silu(gate) * up with the input cast of linear `index` (kestrel/ops/activation.h).
+Fp8Produced swiglu_fp8(const Tensor& gate, const Tensor& up, Fp8State& state, int64_t index, bool transposed);
+
+}  // namespace kestrel
