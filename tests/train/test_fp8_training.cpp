@@ -51,6 +51,11 @@ TEST(Fp8Config, OffByDefaultTypedAndRefusedByName) {
   EXPECT_EQ(r.fp8_recipe.amax_history, 4);
   EXPECT_EQ(r.fp8_recipe.margin, 2);
   EXPECT_TRUE(r.fp8_recipe.fast_accum_forward);
+  EXPECT_TRUE(r.fp8_fused_casts);
+  apply_override(cfg, "fp8.fused_casts=false");
+  EXPECT_FALSE(RunConfig::resolve(cfg).fp8_fused_casts);
+  expect_has(error_of([] { resolve_train_config({{"fp8", {{"fused_casts", 1}}}}, "run.json"); }),
+             {"run.json", "fused_casts", "boolean"});
   expect_has(error_of([] { resolve_train_config({{"fp8", {{"enable", true}}}}, "run.json"); }),
              {"run.json", "fp8.enable", "valid keys"});
   expect_has(error_of([] { resolve_train_config({{"fp8", {{"amax_history", -1}}}}, "run.json"); }),
@@ -133,6 +138,9 @@ TEST(Fp8Training, RecomputeRunEqualsThePlainRunBitForBit) {
   const std::vector<double> rec = run_losses(cfg, dir + "/rec");
   ASSERT_EQ(plain.size(), 4u);
   EXPECT_EQ(plain, rec);
+  // The input casts written by linear_fp8 instead of the norms and SwiGLU: the same bits.
+  cfg["fp8"]["fused_casts"] = false;
+  EXPECT_EQ(run_losses(cfg, dir + "/unfused"), rec);
   // ... and FP8 did run: the same run without it gives other losses.
   cfg["fp8"]["enabled"] = false;
   cfg["recompute"] = "none";

@@ -146,6 +146,8 @@ bool not_compared(const std::string& key) {
       "optimizer.update_overlap",
       // A diagnostic: one step's device time per op.
       "profile_step",
+      // Which kernel writes the FP8 input casts (the producers or linear_fp8): the same bits.
+      "fp8.fused_casts",
       // Where bytes live (memory.matmul_tf32 changes f32 GEMMs, so it is compared).
       "memory.pinned_limit", "memory.offload_inflight", "memory.allocator",
       // How the ranks share the work (the world size is not in the config either): ZeRO stages give

@@ -69,6 +69,7 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   r.fp8_recipe.margin = fp8["margin"];
   r.fp8_recipe.grad_format = parse_fp8_format(fp8["grad_format"].get<std::string>(), "fp8.grad_format");
   r.fp8_recipe.fast_accum_forward = fp8["fast_accum_forward"];
+  r.fp8_fused_casts = fp8["fused_casts"];
   KESTREL_CHECK(r.fp8_recipe.amax_history >= 1 && r.fp8_recipe.amax_history <= 1024, "train",
                 "fp8.amax_history must be in [1, 1024], got ", r.fp8_recipe.amax_history);
   KESTREL_CHECK(r.fp8_recipe.margin <= 32, "train", "fp8.margin must be in [0, 32], got ", r.fp8_recipe.margin);

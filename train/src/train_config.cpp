@@ -96,7 +96,10 @@ json default_train_config() {
         {"amax_history", 1},
         {"margin", 0},
         {"grad_format", "e4m3"},
-        {"fast_accum_forward", true}}},
+        {"fast_accum_forward", true},
+        // The norms and SwiGLU write the q/k/v, gate/up and down input casts in their own pass
+        // (kestrel/ops/fp8_producers.h): the same bits, fewer passes over memory; false for A/Bs.
+        {"fused_casts", true}}},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",
        {{"pinned_limit", size_text(mem.pinned_limit)},

@@ -195,6 +195,7 @@ struct Trainer::Impl {
       // fp8: the layers' projections through FP8 GEMMs; their scales roll after each optimizer step.
       if (run.fp8) {
         dec->enable_fp8(run.fp8_recipe);
+        dec->set_fp8_fused_casts(run.fp8_fused_casts);
         fp8 = dec->fp8_state();
         log(std::string("fp8: decoder projections in FP8 (e4m3 x/w, ") + fp8_format_name(run.fp8_recipe.grad_format) +
             " gradients, amax history " + std::to_string(run.fp8_recipe.amax_history) + ")");

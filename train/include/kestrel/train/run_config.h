@@ -54,9 +54,11 @@ struct RunConfig {
   bool deterministic = false;
   // "fp8": FP8 training of the decoder's linear projections (kestrel/ops/fp8.h), off by default:
   // {"enabled", "scaling" ("delayed": per tensor with an amax history; "tile" is refused, not yet
-  // implemented), "amax_history", "margin", "grad_format" ("e5m2" | "e4m3"), "fast_accum_forward"}.
+  // implemented), "amax_history", "margin", "grad_format" ("e5m2" | "e4m3"), "fast_accum_forward",
+  // "fused_casts" (the producers write the input casts, Decoder::set_fp8_fused_casts: the same bits)}.
   bool fp8 = false;
   Fp8Recipe fp8_recipe;
+  bool fp8_fused_casts = true;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }
