@@ -39,6 +39,7 @@ for step in "${steps[@]}"; do
       cmake -S . -B "$root/build-asan" "${common[@]}" -DKESTREL_ASAN=ON >/dev/null
       suites=(test_train test_models test_runtime test_autograd)  # the longest first
       cmake --build "$root/build-asan" -j"$jobs" --target "${suites[@]}"
+      echo "[sanitize] asan build done in $(( $(date +%s) - start )) s"
       # detect_leaks: LeakSanitizer too. (detect_stack_use_after_return doubled the run time: left out.)
       export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1 ${ASAN_OPTIONS:-}"
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1 ${UBSAN_OPTIONS:-}"

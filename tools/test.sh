@@ -15,11 +15,17 @@ bash tools/check_layers.sh
 source tools/setup_deps.sh
 kestrel_setup_deps
 BUILD_DIR=${KESTREL_BUILD_DIR:-build}
+t_start=$(date +%s)
+phase() { echo "[test.sh] $1 done at $(( $(date +%s) - t_start )) s"; }  # CI's time budget, per phase
+phase "set-up"
 kestrel_configure_and_build "$BUILD_DIR" -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=ON
+phase "build"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
+phase "ctest"
 # The installable package: install into a temporary prefix, build and run tests/consumer against it
 # (find_package and pkg-config). Reuses the build above; only the tiny consumer is compiled.
 bash tests/consumer/check_package.sh "$BUILD_DIR"
+phase "package check"
 # Sanitizers (CPU only, their own build folders): a data race, a memory error or undefined behaviour
 # fails CI.
 bash tools/sanitize.sh
