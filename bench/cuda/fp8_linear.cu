@@ -7,15 +7,15 @@
 //     the casts eat into. BM_gemm_bf16 is the same GEMM in bf16 (kestrel's matmul: cuBLASLt).
 //   BM_cast_fp8: x [T, K] bf16 -> plain + transposed e4m3 (GB/s: 2 bytes read + 2 written per element).
 //   BM_copy: a device copy of [T, K] bf16 (2 bytes read + 2 written per element): the HBM ceiling.
-//   Producers with linear_fp8's input cast (kestrel/ops/fp8_producers.h), each as two passes (the op,
-//   then fp8_input_cast: *_cast) and fused (*_fp8), X8 and X8T written, under no-grad (the op alone):
-//     BM_rms_norm_*:     x [T, C] -> y, X8, X8T      GB/s over 6 bytes per element (2 read, 2 + 1 + 1 written)
-//     BM_add_rms_norm_*: x, res -> y, h, X8, X8T     10 bytes (4 read, 6 written)
-//     BM_swiglu_*:       gate, up [T, I] -> y, codes 8 bytes (4 read, 4 written)
-//   Both rows of a pair count the fused pass's bytes, so their GB/s compare directly (the two-pass
-//   version moves 2 bytes per element more, reading y back for the cast, and launches twice).
-// Counters: TFLOP/s (GEMMs, linears) and GB/s (casts, copies, producers). The scales are seeded (one
-// roll) so the timed path is the delayed one (no amax pre-pass; the fused producers need it).
+//   SwiGLU with linear_fp8's input cast (kestrel/ops/fp8_producers.h) as two passes (swiglu, then
+//   fp8_input_cast: BM_swiglu_cast) and fused (swiglu_fp8: BM_swiglu_fp8), X8 and X8T written, under
+//   no-grad (the op alone): gate, up [T, I] -> y, codes; GB/s over 8 bytes per element (4 read, 4
+//   written). Both rows count the fused pass's bytes, so their GB/s compare directly (the two-pass
+//   version moves 2 bytes per element more, reading y back for the cast, and launches twice). (The
+//   norms' producers are the plain op and the cast since their fused kernels measured slower:
+//   bench/notes/step_profile.md, "FP8 casts".)
+// Counters: TFLOP/s (GEMMs, linears) and GB/s (casts, copies, SwiGLU). The scales are seeded (one
+// roll) so the timed path is the delayed one (no amax pre-pass; the fused SwiGLU needs it).
 #include <benchmark/benchmark.h>
 
 #include <functional>
@@ -29,7 +29,6 @@
 #include "kestrel/ops/fp8.h"
 #include "kestrel/ops/fp8_producers.h"
 #include "kestrel/ops/matmul.h"
-#include "kestrel/ops/norm.h"
 #include "kestrel/runtime/random.h"
 
 namespace kestrel {
@@ -99,8 +98,6 @@ void BM_copy(benchmark::State& state) {
   time_loop(state, [&] { y.copy_(x); }, 0, static_cast<double>(kTokens * K) * 4.0);
 }
 
-enum class Producer { RmsNorm, AddRmsNorm, Swiglu };
-
 // One linear's seeded state (input scale 112: e4m3's max at |y| = 4).
 Fp8State producer_state() {
   Fp8State st(1, Fp8Recipe{}, kGpu);
@@ -108,35 +105,18 @@ Fp8State producer_state() {
   return st;
 }
 
-void run_producer(benchmark::State& state, Producer kind, bool fused) {
+void run_swiglu(benchmark::State& state, bool fused) {
   const int64_t C = state.range(0);
-  Tensor a = rnd({kTokens, C}), b = rnd({kTokens, C}), w = normal({C}, 1.0, 0.1, DType::BF16, kGpu);
+  Tensor gate = rnd({kTokens, C}), up = rnd({kTokens, C});
   Fp8State st = producer_state();
-  autograd::NoGradGuard no_grad;  // the ops alone, no tape entries
-  const double per_element = kind == Producer::RmsNorm ? 6.0 : kind == Producer::AddRmsNorm ? 10.0 : 8.0;
+  autograd::NoGradGuard no_grad;  // the op alone, no tape entries
   time_loop(state, [&] {
-    switch (kind) {
-      case Producer::RmsNorm:
-        if (fused) (void)rms_norm_fp8(a, w, 1e-5, st, 0, true);
-        else (void)fp8_input_cast(rms_norm(a, w, 1e-5), st, 0, true);
-        break;
-      case Producer::AddRmsNorm:
-        if (fused) (void)add_rms_norm_fp8(a, b, w, 1e-5, st, 0, true);
-        else (void)fp8_input_cast(add_rms_norm(a, b, w, 1e-5).first, st, 0, true);
-        break;
-      case Producer::Swiglu:
-        if (fused) (void)swiglu_fp8(a, b, st, 0, true);
-        else (void)fp8_input_cast(swiglu(a, b), st, 0, true);
-        break;
-    }
-  }, 0, static_cast<double>(kTokens * C) * per_element);
+    if (fused) (void)swiglu_fp8(gate, up, st, 0, true);
+    else (void)fp8_input_cast(swiglu(gate, up), st, 0, true);
+  }, 0, static_cast<double>(kTokens * C) * 8.0);
 }
-void BM_rms_norm_cast(benchmark::State& state) { run_producer(state, Producer::RmsNorm, false); }
-void BM_rms_norm_fp8(benchmark::State& state) { run_producer(state, Producer::RmsNorm, true); }
-void BM_add_rms_norm_cast(benchmark::State& state) { run_producer(state, Producer::AddRmsNorm, false); }
-void BM_add_rms_norm_fp8(benchmark::State& state) { run_producer(state, Producer::AddRmsNorm, true); }
-void BM_swiglu_cast(benchmark::State& state) { run_producer(state, Producer::Swiglu, false); }
-void BM_swiglu_fp8(benchmark::State& state) { run_producer(state, Producer::Swiglu, true); }
+void BM_swiglu_cast(benchmark::State& state) { run_swiglu(state, false); }
+void BM_swiglu_fp8(benchmark::State& state) { run_swiglu(state, true); }
 
 #define SHAPES(b)                                                                                   \
   BENCHMARK(b)->Args({2048, 2048})->Args({2048, 512})->Args({2048, 8192})->Args({8192, 2048})->UseManualTime() \
@@ -148,10 +128,6 @@ SHAPES(BM_gemm_fp8);
 #define COLUMNS(b) BENCHMARK(b)->Arg(2048)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2)
 COLUMNS(BM_cast_fp8);
 COLUMNS(BM_copy);
-COLUMNS(BM_rms_norm_cast);
-COLUMNS(BM_rms_norm_fp8);
-COLUMNS(BM_add_rms_norm_cast);
-COLUMNS(BM_add_rms_norm_fp8);
 COLUMNS(BM_swiglu_cast);
 COLUMNS(BM_swiglu_fp8);
 

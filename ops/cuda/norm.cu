@@ -6,10 +6,9 @@
 // read of x (and of the residual), statistics from the registers (LayerNorm's variance two-pass,
 // exact), one write. Longer rows stream twice (the second pass from L1/L2). add_rms_norm rounds
 // h = x + res to storage first and normalises that rounded h, as the CPU reference does; the same
-// kernel with ADD = false is rms_norm. The registers path is rms_row.cuh's row, which the FP8
-// producer kernel (fp8_producers.cu) shares, so that its y is this kernel's bit for bit.
+// kernel with ADD = false is rms_norm, so the row statistics live in one place (rms_row_stat).
 // Block reductions use BlockSum (row_tile.cuh): one barrier per reduction.
-#include "cuda/rms_row.cuh"
+#include "cuda/row_tile.cuh"
 #include "kernels/norm.h"
 
 namespace kestrel::cuda_ops {
@@ -27,7 +26,12 @@ __device__ __forceinline__ void load_h(float (&v)[V], const T* xr, const T* rr, 
   }
 }
 
-// ---- rms_norm / add_rms_norm: row in registers (CH chunks; rms_row.cuh) or streaming (CH == 0) ----
+// rstd = 1 / sqrt(mean(h^2) + eps) from the block's per-thread sums of squares (block-wide call).
+__device__ __forceinline__ float rms_row_stat(float sum_sq, int64_t C, float eps, BlockSum& red) {
+  return rsqrtf(red.sum(sum_sq) / static_cast<float>(C) + eps);
+}
+
+// ---- rms_norm / add_rms_norm: row in registers (CH chunks) or streaming (CH == 0) ----
 template <typename T, int V, int CH, bool ADD>
 __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restrict__ y, T* __restrict__ h,
                                                                     float* __restrict__ rstd,
@@ -40,11 +44,37 @@ __global__ __launch_bounds__(kRowMaxThreads) void rms_forward_kernel(T* __restri
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * C;
     const T* rr = ADD ? res + r * C : nullptr;
+    float ss = 0.0f;
     if constexpr (CH > 0) {
-      rms_row<T, V, CH, ADD>(y, h, rstd, xr, rr, w, r, C, eps, red, threadIdx.x, blockDim.x,
-                             [](int64_t, const Pack<T, V>&) {});
+      Pack<T, V> hv[CH];
+      load_row(hv, xr, C);
+      if constexpr (ADD) {
+        Pack<T, V> rv[CH];
+        load_row(rv, rr, C);
+#pragma unroll
+        for (int k = 0; k < CH; ++k) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) hv[k].v[j] = from_f32<T>(to_f32(hv[k].v[j]) + to_f32(rv[k].v[j]));
+          if (chunk_col<V>(k) < C) store_pack(h + r * C + chunk_col<V>(k), hv[k]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < CH; ++k)
+#pragma unroll
+        for (int j = 0; j < V; ++j) ss += to_f32(hv[k].v[j]) * to_f32(hv[k].v[j]);
+      float rs = rms_row_stat(ss, C, eps, red);
+      if (threadIdx.x == 0) rstd[r] = rs;
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        int64_t c = chunk_col<V>(k);
+        if (c >= C) continue;
+        float wv[V], o[V];
+        load_chunk<T, V>(w + c, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) o[j] = to_f32(hv[k].v[j]) * rs * wv[j];
+        store_chunk<T, V>(y + r * C + c, o);
+      }
     } else {
-      float ss = 0.0f;
       for (int64_t c = threadIdx.x * V; c < C; c += blockDim.x * V) {
         float v[V];
         load_h<T, V, ADD>(v, xr, rr, c);

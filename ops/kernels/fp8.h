@@ -9,12 +9,12 @@
 namespace kestrel::kernels {
 
 // Where a cast of x [R, C] writes, and with what scale: the standalone cast below, or the epilogue of
-// a kernel that produces x (the FP8 producers: norm.h's rms_norm_fp8_forward, activation.h's
-// swiglu_fp8_forward). out [Rp, C] and/or out_t [C, Rp] u8 contiguous (either may be undefined),
-// Rp >= R: rows R..Rp-1 are the zero rows an FP8 GEMM operand is padded with (code 0, x not read
-// there); codes fp8(x * scale[0]) in `format`, x as stored (a producer casts its output rounded to
-// the output's dtype). scales_out f32 [2] = {1 / scale[0], scale[0]}. amax (f32 [1]) or undefined:
-// amax = max(amax, max|x|). scale is read on the device (no host sync).
+// a kernel that produces x (the FP8 producer activation.h's swiglu_fp8_forward). out [Rp, C] and/or
+// out_t [C, Rp] u8 contiguous (either may be undefined), Rp >= R: rows R..Rp-1 are the zero rows an
+// FP8 GEMM operand is padded with (code 0, x not read there); codes fp8(x * scale[0]) in `format`, x
+// as stored (a producer casts its output rounded to the output's dtype). scales_out f32 [2] =
+// {1 / scale[0], scale[0]}. amax (f32 [1]) or undefined: amax = max(amax, max|x|). scale is read on
+// the device (no host sync).
 struct Fp8CastTarget {
   Tensor out, out_t, scale, scales_out, amax;
   Fp8Format format = Fp8Format::E4M3;

@@ -3,7 +3,6 @@
 // and are saved for backward. Weight/bias gradients are column sums over rows, deterministic.
 #pragma once
 
-#include "kernels/fp8.h"
 #include "kernels/registry.h"
 #include "kestrel/runtime/tensor.h"
 
@@ -24,15 +23,7 @@ using LayerNormFn = void(const Tensor& y, const Tensor& mean, const Tensor& rstd
 using LayerNormBackwardFn = void(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                                  const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
 
-// rms_norm (h and res undefined) or add_rms_norm, writing in the same pass the FP8 copy of y (as stored,
-// bf16-rounded) into `fp8` (kernels/fp8.h). Returns false, having written nothing, when the device
-// kernel does not take this shape or layout: the op then runs the plain kernel and the cast. No CPU
-// kernel: the CPU always composes the two.
-using RmsNormFp8Fn = bool(const Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& x, const Tensor& res,
-                          const Tensor& w, double eps, const Fp8CastTarget& fp8);
-
 inline KernelSlot<RmsNormFn> rms_norm_forward;
-inline KernelSlot<RmsNormFp8Fn> rms_norm_fp8_forward;
 inline KernelSlot<AddRmsNormFn> add_rms_norm_forward;
 inline KernelSlot<RmsNormBackwardFn> rms_norm_backward;
 inline KernelSlot<LayerNormFn> layer_norm_forward;

@@ -1,8 +1,6 @@
 // Private (ops/src): the pieces of linear_fp8's input cast that a producer fusing it needs
-// (fp8_producers.cpp), and the producer ops with an FP8 cast of their output (norm.cpp, activation.cpp).
+// (fp8_producers.cpp), and the producer op with an FP8 cast of its output (activation.cpp's swiglu).
 #pragma once
-
-#include <utility>
 
 #include "kernels/fp8.h"
 #include "kestrel/ops/fp8.h"
@@ -19,13 +17,10 @@ struct PendingInputCast {
 // (the state must be seeded) and, while observing, its running amax: linear_fp8's own cast exactly.
 PendingInputCast pending_input_cast(Fp8State& state, int64_t index, int64_t T, int64_t K, bool transposed);
 
-// rms_norm, add_rms_norm and swiglu (validation, kernels and tape entry: the public ops are these with
-// fp8 null) writing, when `fp8` is given, the FP8 copy of their output y [rows, C] into it: in the
-// same pass where the device has a fused kernel for the shape (CUDA), else by the cast after the
-// plain kernel (the CPU, unusual shapes on CUDA). Either way the bits are the cast of the stored y.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const kernels::Fp8CastTarget* fp8);
-std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
-                                       const kernels::Fp8CastTarget* fp8);
+// swiglu (validation, kernels and tape entry: the public op is this with fp8 null) writing, when
+// `fp8` is given, the FP8 copy of its output y [rows, C] into it: in the same pass where the device
+// has a fused kernel for the shape (CUDA), else by the cast after the plain kernel (the CPU, unusual
+// shapes on CUDA). Either way the bits are the cast of the stored y.
 Tensor swiglu(const Tensor& gate, const Tensor& up, const kernels::Fp8CastTarget* fp8);
 
 }  // namespace kestrel::detail

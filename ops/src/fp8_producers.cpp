@@ -1,5 +1,6 @@
-// The FP8 producers (kestrel/ops/fp8_producers.h): the norms and SwiGLU writing linear_fp8's input
-// cast with their output. Once the state is seeded the cast's buffers are allocated up front
+// The FP8 producers (kestrel/ops/fp8_producers.h): the norms and SwiGLU returning linear_fp8's input
+// cast with their output. The norms: the plain op, then fp8_input_cast (a second pass; the fused norm
+// kernels measured slower). SwiGLU, once the state is seeded: the cast's buffers allocated up front
 // (pending_input_cast, linear_fp8's own) and the op's forward writes them (src/fp8_input.h: the fused
 // kernel, or the plain kernel and the cast); before that, the plain op and fp8_input_cast.
 #include "kestrel/ops/fp8_producers.h"
@@ -30,26 +31,16 @@ int64_t rows_of(const Tensor& x, int64_t C) { return x.numel() / C; }
 
 Fp8Produced rms_norm_fp8(const Tensor& x, const Tensor& weight, double eps, Fp8State& state, int64_t index,
                          bool transposed) {
-  const int64_t C = check_producer(x, state, "rms_norm_fp8");
-  if (!state.seeded()) {
-    Tensor y = rms_norm(x, weight, eps);
-    return {y, fp8_input_cast(y, state, index, transposed)};
-  }
-  detail::PendingInputCast p = detail::pending_input_cast(state, index, rows_of(x, C), C, transposed);
-  Tensor y = detail::rms_norm(x, weight, eps, &p.target);
-  return {y, p.cast};
+  check_producer(x, state, "rms_norm_fp8");
+  Tensor y = rms_norm(x, weight, eps);
+  return {y, fp8_input_cast(y, state, index, transposed)};
 }
 
 Fp8ProducedResidual add_rms_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
                                      Fp8State& state, int64_t index, bool transposed) {
-  const int64_t C = check_producer(x, state, "add_rms_norm_fp8");
-  if (!state.seeded()) {
-    auto [y, h] = add_rms_norm(x, residual, weight, eps);
-    return {y, h, fp8_input_cast(y, state, index, transposed)};
-  }
-  detail::PendingInputCast p = detail::pending_input_cast(state, index, rows_of(x, C), C, transposed);
-  auto [y, h] = detail::add_rms_norm(x, residual, weight, eps, &p.target);
-  return {y, h, p.cast};
+  check_producer(x, state, "add_rms_norm_fp8");
+  auto [y, h] = add_rms_norm(x, residual, weight, eps);
+  return {y, h, fp8_input_cast(y, state, index, transposed)};
 }
 
 Fp8Produced swiglu_fp8(const Tensor& gate, const Tensor& up, Fp8State& state, int64_t index, bool transposed) {

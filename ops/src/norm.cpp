@@ -4,7 +4,6 @@
 
 #include "kernels/norm.h"
 #include "kestrel/autograd/tape.h"
-#include "src/fp8_input.h"
 #include "kestrel/runtime/accumulate.h"
 
 namespace kestrel {
@@ -41,36 +40,9 @@ std::pair<Tensor, Tensor> rms_backward(const Tensor& dy, const Tensor& x, const 
   return {dx, dw};
 }
 
-// The forward kernel of rms_norm (h, res undefined) or add_rms_norm over [rows, C] views; with `fp8`,
-// also the FP8 copy of y: the fused kernel where the device has one that takes the shape, else the
-// plain kernel and then the cast of the stored y (the same bits).
-void rms_forward(const char* op, const Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& x,
-                 const Tensor& res, const Tensor& w, double eps, const kernels::Fp8CastTarget* fp8) {
-  const Device d = x.device();
-  const auto& fused = kernels::rms_norm_fp8_forward;  // CUDA only (a test may install a CPU one)
-  if (fp8 && y.numel() > 0 && (d.is_cuda() ? fused.cuda : fused.cpu) &&
-      kernels::dispatch(fused, op, d, y, h, rstd, x, res, w, eps, *fp8))
-    return;
-  if (y.numel() > 0) {
-    if (res.defined())
-      kernels::dispatch(kernels::add_rms_norm_forward, op, d, y, h, rstd, x, res, w, eps);
-    else
-      kernels::dispatch(kernels::rms_norm_forward, op, d, y, rstd, x, w, eps);
-  }
-  if (fp8) kernels::dispatch(kernels::fp8_cast, "fp8_cast", d, y, *fp8);
-}
-
 }  // namespace
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) { return detail::rms_norm(x, weight, eps, nullptr); }
-
-std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
-  return detail::add_rms_norm(x, residual, weight, eps, nullptr);
-}
-
-namespace detail {
-
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const kernels::Fp8CastTarget* fp8) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   int64_t C = check_norm_input(x, "rms_norm");
   KESTREL_CHECK(weight.defined(), "rms_norm", "weight is required");
   check_param(weight, x, C, "weight", "rms_norm");
@@ -78,7 +50,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const kernels
   Tensor w = weight.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::empty({x2.shape()[0]}, stats_dtype(x.dtype()), x.device());  // [rows]
-  rms_forward("rms_norm", y.view({-1, C}), Tensor(), rstd, x2, Tensor(), w, eps, fp8);
+  if (y.numel() > 0) kernels::dispatch(kernels::rms_norm_forward, "rms_norm", x.device(), y.view({-1, C}), rstd, x2, w, eps);
   if (!ag::should_record({x, weight})) return y;
   ag::record("rms_norm", {x, weight}, y,
              [xd = x2.detach(), wd = w.detach(), rstd, C, xs = x.shape(), gw = weight.requires_grad()](
@@ -89,8 +61,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const kernels
   return y;
 }
 
-std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
-                                       const kernels::Fp8CastTarget* fp8) {
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
   int64_t C = check_norm_input(x, "add_rms_norm");
   KESTREL_CHECK(residual.defined() && residual.shape() == x.shape(), "add_rms_norm", "residual must match x ",
                 x.str(), ", got ", residual.defined() ? residual.str() : std::string("undefined"));
@@ -102,7 +73,9 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, 
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor h = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::empty({x2.shape()[0]}, stats_dtype(x.dtype()), x.device());  // [rows]
-  rms_forward("add_rms_norm", y.view({-1, C}), h.view({-1, C}), rstd, x2, r2, w, eps, fp8);
+  if (y.numel() > 0)
+    kernels::dispatch(kernels::add_rms_norm_forward, "add_rms_norm", x.device(), y.view({-1, C}), h.view({-1, C}),
+                      rstd, x2, r2, w, eps);
   if (!ag::should_record({x, residual, weight})) return {y, h};
   std::vector<Tensor> outs{y, h};
   ag::record("add_rms_norm", {x, residual, weight}, outs,
@@ -117,8 +90,6 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, 
              });
   return {outs[0], outs[1]};
 }
-
-}  // namespace detail
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   int64_t C = check_norm_input(x, "layer_norm");

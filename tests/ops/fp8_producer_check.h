@@ -1,6 +1,6 @@
 // Shared by the FP8 producer tests (CPU and CUDA; kestrel/ops/fp8_producers.h): each producer run
-// fused and as its unfused composition (the plain op, then linear_fp8's own input cast,
-// fp8_input_cast) on two identically seeded states, compared bit for bit (output, codes in both
+// through its producer op and as its unfused composition (the plain op, then linear_fp8's own input
+// cast, fp8_input_cast) on two identically seeded states, compared bit for bit (output, codes in both
 // layouts, scales, the state's running amax), and the codes checked against the host's conversion
 // of the output (float_to_fp8 of y * scale, the padding rows zero, the transposed copy the transpose).
 #pragma once
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "kernels/activation.h"
-#include "kernels/norm.h"
 #include "kestrel/ops/activation.h"
 #include "kestrel/ops/fp8.h"
 #include "kestrel/ops/fp8_producers.h"
@@ -149,25 +148,14 @@ inline void expect_codes_cast_y(const ProducerOut& o, float scale, const std::st
   EXPECT_EQ(s[0], 1.0f / scale) << what;
 }
 
-// CPU stand-ins for the fused kernel slots (kernels/norm.h rms_norm_fp8_forward, kernels/activation.h
-// swiglu_fp8_forward), installed while this lives: each composes the CPU's plain kernel and cast (so
-// the bits are the composition's) and counts its calls; `decline` makes them return false (the ops'
-// fallback). With them the CPU runs the ops' fused-kernel branch, which CUDA takes: the decoder tests
-// count the calls to see which producers a forward ran through it.
+// A CPU stand-in for the fused kernel slot (kernels/activation.h swiglu_fp8_forward; the norms have
+// none: their cast is a second pass), installed while this lives: it composes the CPU's plain kernel
+// and cast (so the bits are the composition's) and counts its calls; `decline` makes it return false
+// (the op's fallback). With it the CPU runs the op's fused-kernel branch, which CUDA takes: the
+// decoder tests count the calls to see which forwards ran SwiGLU through it.
 struct FusedKernelStandIns {
-  static inline int norm_calls = 0, swiglu_calls = 0;
+  static inline int swiglu_calls = 0;
   static inline bool decline = false;
-  static bool norm(const Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& x, const Tensor& res,
-                   const Tensor& w, double eps, const kernels::Fp8CastTarget& fp8) {
-    ++norm_calls;
-    if (decline) return false;
-    if (res.defined())
-      kernels::add_rms_norm_forward.cpu(y, h, rstd, x, res, w, eps);
-    else
-      kernels::rms_norm_forward.cpu(y, rstd, x, w, eps);
-    kernels::fp8_cast.cpu(y, fp8);
-    return true;
-  }
   static bool swiglu(const Tensor& out, const Tensor& gate, const Tensor& up, const kernels::Fp8CastTarget& fp8) {
     ++swiglu_calls;
     if (decline) return false;
@@ -176,13 +164,11 @@ struct FusedKernelStandIns {
     return true;
   }
   explicit FusedKernelStandIns(bool decline_all = false) {
-    norm_calls = swiglu_calls = 0;
+    swiglu_calls = 0;
     decline = decline_all;
-    kernels::rms_norm_fp8_forward.cpu = &norm;
     kernels::swiglu_fp8_forward.cpu = &swiglu;
   }
   ~FusedKernelStandIns() {
-    kernels::rms_norm_fp8_forward.cpu = nullptr;
     kernels::swiglu_fp8_forward.cpu = nullptr;
   }
   FusedKernelStandIns(const FusedKernelStandIns&) = delete;

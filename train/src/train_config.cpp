@@ -97,8 +97,8 @@ json default_train_config() {
         {"margin", 0},
         {"grad_format", "e4m3"},
         {"fast_accum_forward", true},
-        // The norms and SwiGLU write the q/k/v, gate/up and down input casts in their own pass
-        // (kestrel/ops/fp8_producers.h): the same bits, fewer passes over memory; false for A/Bs.
+        // The q/k/v, gate/up and down input casts come from their producers (kestrel/ops/fp8_producers.h:
+        // SwiGLU's in its own pass, the norms' right after them): the same bits; false for A/Bs.
         {"fused_casts", true}}},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",

@@ -110,9 +110,10 @@ class Decoder {
   void enable_fp8(const Fp8Recipe& recipe);
   Fp8State* fp8_state() const { return fp8_.get(); }
   static constexpr int64_t kFp8LinearsPerLayer = 7;
-  // With FP8, the input casts of q/k/v, gate/up and down are written by the ops that produce those
-  // inputs (kestrel/ops/fp8_producers.h: the input RMSNorm, the residual add + RMSNorm, SwiGLU) in
-  // their own pass once the state is seeded; off: linear_fp8 casts each input itself. Losses and
+  // With FP8, the input casts of q/k/v, gate/up and down are made by the ops that produce those
+  // inputs (kestrel/ops/fp8_producers.h: the input RMSNorm and the residual add + RMSNorm, then the
+  // cast as a second pass; SwiGLU in its own pass once the state is seeded); off: linear_fp8 casts
+  // each input itself. Losses and
   // gradients are bit for bit the same either way (only the passes over memory differ). On by default.
   void set_fp8_fused_casts(bool on) { fp8_fused_casts_ = on; }
   bool fp8_fused_casts() const { return fp8_fused_casts_; }

@@ -21,9 +21,10 @@
 // amax (an amax pass before the cast), so step 1 is sane. A zero or non-finite amax leaves a scale as
 // it was (1 at first). Tile-wise scaling: not yet.
 //
-// Producer-fused input casts (kestrel/ops/fp8_producers.h): once the state is seeded, the norms and
-// SwiGLU that produce a linear's input write X8 (and X8T) in the same pass as their bf16 output, with
-// the role's current scale, folding the amax as the cast would: linear_fp8 then takes that
+// Producer-fused input casts (kestrel/ops/fp8_producers.h): once the state is seeded, SwiGLU (which
+// produces down's input) writes X8 (and X8T) in the same pass as its bf16 output, with the role's
+// current scale, folding the amax as the cast would; the norms return the cast made right after
+// them (fp8_input_cast: their fused kernels measured slower). linear_fp8 then takes that
 // Fp8InputCast and makes no cast of x. The result is bit for bit the unfused one (the codes are those
 // of the stored, bf16-rounded output). Before the first roll a cast's scale needs the tensor's own
 // amax first, so the producers fall back to the plain op and the cast (fp8_input_cast). The other

@@ -8,13 +8,19 @@
 // (rounded) y times the input scale of linear `index`, y's amax folded into the state's running amax
 // while it observes. Everything equals, bit for bit, the op followed by linear_fp8's own cast.
 //
-// On CUDA, once the state is seeded, one kernel computes y and writes both code layouts (the norms:
-// a block stages the codes of 16-32 rows in shared memory and writes X8T in 16-byte column segments;
-// SwiGLU: 128 x 128 tiles), so the cast's pass over y (a read of y, two writes of codes) is gone.
-// Fallbacks, same results: before the first roll (the cast's scale then comes from y's own amax,
-// which needs y complete first) the plain op then fp8_input_cast; on the CPU, or a shape the fused
-// kernel does not take (rows too long for shared memory, unaligned views), the plain kernel then
-// the cast of its output into the same buffers.
+// SwiGLU on CUDA, once the state is seeded: one kernel computes y and writes both code layouts
+// (fp8_codes.cuh's 128 x 128 tiles), so the cast's pass over y (a read of y, two writes of codes) is
+// gone. Fallbacks, same results: before the first roll (the cast's scale then comes from y's own
+// amax, which needs y complete first) the plain op then fp8_input_cast; on the CPU, or a shape or
+// layout the fused kernel does not take, the plain kernel then the cast of its output into
+// the same buffers.
+//
+// The norms' cast is a second pass: rms_norm / add_rms_norm, then fp8_input_cast (the standalone
+// 128 x 128 tile cast). Fused norm kernels (a block of 512 threads in row teams staging X8T tiles in
+// shared memory) measured slower than the two passes on the H200 at T = 8192 (rms_norm 0.082 vs
+// 0.056 ms at C = 2048, 0.394 vs 0.177 ms at C = 8192; add_rms_norm 0.102 vs 0.074 and 0.506 vs
+// 0.247 ms) and were removed (git history keeps them; bench/notes/step_profile.md, "FP8 casts").
+// The API stays so that a faster fused kernel can return without touching the callers.
 //
 // `transposed`: fp8_input_needs_transposed(the consuming linear's weights). The last dim C must be
 // a multiple of 16 (an FP8 GEMM's K).
