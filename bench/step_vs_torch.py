@@ -17,7 +17,7 @@ reserved GiB (NVML is not sampled here; bench/train_memory_run.py does that for 
 out of memory prints OOM and the script goes on.
 
 usage: python3 bench/step_vs_torch.py --config configs/llama_1b5_8k.json [--modes amp:ckpt,amp:none,bf16:ckpt]
-          [--steps 8 --warmup 3] [--compile] [--json out.json]
+          [--steps 8 --warmup 3] [--compile | --compile-only] [--json out.json]
 """
 import argparse
 import gc
@@ -86,6 +86,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also run each mode under torch.compile")
+    ap.add_argument("--compile-only", action="store_true", help="run each mode under torch.compile only")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     import torch
@@ -99,7 +100,7 @@ def main():
         precision, ckpt = mode.split(":")
         if precision not in ("amp", "bf16") or ckpt not in ("ckpt", "none"):
             sys.exit(f"step_vs_torch: unknown mode '{mode}' (precision amp|bf16, checkpointing ckpt|none)")
-        for comp in ([False, True] if args.compile else [False]):
+        for comp in ([True] if args.compile_only else [False, True] if args.compile else [False]):
             label = f"torch {'compile' if comp else 'eager'} {precision} {ckpt}"
             try:
                 r = run_mode(cfg_json, precision, ckpt, comp, args.steps, args.warmup, seq_len)
