@@ -76,6 +76,14 @@ TEST(Fp8Config, OffByDefaultTypedAndRefusedByName) {
   EXPECT_EQ(ex.fp8_recipe.grad_format, Fp8Format::E4M3);  // the recipe of the quality A/B (bench/RESULTS.md)
   EXPECT_EQ(ex.fp8_recipe.amax_history, 1);
   EXPECT_TRUE(ex.fp8_recipe.fast_accum_forward);
+  // The 9B example (bench/RESULTS.md: 11,036 tok/s on the H200): the unconstrained step config with FP8 on.
+  const fs::path nine = fs::path(__FILE__).parent_path() / ".." / ".." / "configs" / "llama_9b_250k_8k_step_fp8.json";
+  std::ifstream g(nine);
+  ASSERT_TRUE(g.good()) << nine;
+  const RunConfig ex9 = RunConfig::resolve(resolve_train_config(json::parse(g), nine.string()));
+  EXPECT_TRUE(ex9.fp8);
+  EXPECT_EQ(ex9.fp8_recipe.grad_format, Fp8Format::E4M3);
+  EXPECT_EQ(ex9.fp8_recipe.amax_history, 1);
 }
 
 TEST(Fp8Decoder, EveryProjectionRecordsItsAmaxAndTheTiledMlpIsRefused) {
