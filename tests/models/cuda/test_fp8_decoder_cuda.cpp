@@ -9,6 +9,7 @@
 
 #include "kestrel/autograd/tape.h"
 #include "kestrel/models/decoder.h"
+#include "models/cuda/fp8_test_model.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 
@@ -16,18 +17,7 @@ namespace kestrel::models {
 namespace {
 namespace ag = autograd;
 
-TextConfig fp8_text() {
-  TextConfig c = TextConfig::defaults_for("llama");
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.tie_word_embeddings = false;
-  return c;
-}
+using testing_fp8::fp8_text;
 
 void copy_params(ParameterList& dst, ParameterList& src) {
   for (auto& [name, t] : dst.items()) t->copy_(src.get(name));

@@ -9,13 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstring>
 
 #include "kestrel/autograd/recompute.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/models/decoder.h"
 #include "kestrel/runtime/op_profile.h"
 #include "kestrel/runtime/random.h"
+#include "models/cuda/fp8_test_model.h"
+#include "ops/fp8_producer_check.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 
@@ -23,25 +24,8 @@ namespace kestrel::models {
 namespace {
 namespace ag = autograd;
 
-TextConfig fp8_text() {
-  TextConfig c = TextConfig::defaults_for("llama");
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.tie_word_embeddings = false;
-  return c;
-}
-
-std::vector<uint32_t> bits(const Tensor& t) {
-  const std::vector<float> v = t.to(DType::F32).to(Device::cpu()).to_float_vector();
-  std::vector<uint32_t> b(v.size());
-  if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * 4);
-  return b;
-}
+using testing::host_bits;
+using testing_fp8::fp8_text;
 
 struct Step {
   std::vector<uint32_t> loss, amax;
@@ -61,10 +45,10 @@ Step run_step(Decoder& m, const Tensor& ids, const Tensor& labels, const std::ve
   Step s;
   for (const OpTime& t : prof.ops())
     if (t.op == "fp8_cast") s.casts = t.calls;
-  s.loss = bits(loss);
+  s.loss = host_bits(loss);
   for (auto& [name, t] : m.parameters().items()) s.grads.push_back(t->grad().to(DType::F32).to(Device::cpu()));
   m.parameters().zero_grad();
-  s.amax = bits(m.fp8_state()->amax());
+  s.amax = host_bits(m.fp8_state()->amax());
   return s;
 }
 
@@ -92,7 +76,7 @@ TEST(Fp8DecoderCuda, FusedInputCastsEqualTheUnfusedOnesBitForBit) {
         EXPECT_EQ(a.amax, b.amax) << "step " << step + 1;
         size_t i = 0;
         for (auto& [name, t] : fused.parameters().items()) {
-          const bool same = bits(a.grads[i]) == bits(b.grads[i]);
+          const bool same = host_bits(a.grads[i]) == host_bits(b.grads[i]);
           EXPECT_TRUE(same) << name << " step " << step + 1 << ": rel L2 "
                             << testing::rel_l2(a.grads[i], b.grads[i]);
           ++i;
