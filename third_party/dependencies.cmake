@@ -26,8 +26,7 @@ endif()
 
 if(KESTREL_CUDA)
   find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cuda_driver, CUDA::cublasLt, CUDA::cublas
-  # cuDNN is not looked for: nothing uses it yet (patch embedding is unfold + GEMM). NCCL is
-  # optional: the communicator's NCCL backend (runtime/cuda/comm_nccl.cpp) is compiled where nccl.h
+  # NCCL is optional: the communicator's NCCL backend (runtime/cuda/comm_nccl.cpp) is compiled where nccl.h
   # is found next to the toolkit (or under NCCL_ROOT / KESTREL_NCCL_ROOT) and skipped otherwise
   # (make_nccl_communicator then refuses, naming the missing build). libnccl itself is opened at
   # run time (dlopen), so libkestrel loads where it is absent. KESTREL_NCCL=OFF skips the backend.
@@ -43,6 +42,33 @@ if(KESTREL_CUDA)
       target_link_libraries(kestrel_nccl INTERFACE ${CMAKE_DL_LIBS})
     endif()
   endif()
+  # cuDNN is optional: the second attention backend (ops/cuda/cudnn_attention/, the fused
+  # flash-attention graph through cuDNN's C backend API; cudnn-frontend is not used) is compiled
+  # where cudnn_graph.h and libcudnn (9.x) are found next to the toolkit or under CUDNN_ROOT /
+  # KESTREL_CUDNN_ROOT, and skipped otherwise: then AttentionOptions::backend = Cudnn (config key
+  # attention.backend "cudnn") is refused naming the missing build, and "auto" runs Kestrel's kernels.
+  # libkestrel links libcudnn.so (a small loader that opens its engine libraries on first use).
+  # KESTREL_CUDNN=OFF skips the backend.
+  option(KESTREL_CUDNN "Build the cuDNN attention backend when cuDNN 9 is found" ON)
+  set(KESTREL_HAVE_CUDNN OFF)
+  if(KESTREL_CUDNN)
+    find_path(KESTREL_CUDNN_INCLUDE_DIR cudnn_graph.h
+              HINTS ${KESTREL_CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(KESTREL_CUDNN_LIBRARY cudnn
+                 HINTS ${KESTREL_CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+                 PATH_SUFFIXES lib64 lib lib/x86_64-linux-gnu)
+    if(KESTREL_CUDNN_INCLUDE_DIR AND KESTREL_CUDNN_LIBRARY)
+      file(STRINGS ${KESTREL_CUDNN_INCLUDE_DIR}/cudnn_version.h _cudnn_major REGEX "^#define CUDNN_MAJOR [0-9]+")
+      string(REGEX REPLACE "^#define CUDNN_MAJOR ([0-9]+)" "\\1" _cudnn_major "${_cudnn_major}")
+      if(_cudnn_major GREATER_EQUAL 9)
+        set(KESTREL_HAVE_CUDNN ON)
+        add_library(kestrel_cudnn INTERFACE IMPORTED)
+        target_include_directories(kestrel_cudnn INTERFACE ${KESTREL_CUDNN_INCLUDE_DIR})
+        target_link_libraries(kestrel_cudnn INTERFACE ${KESTREL_CUDNN_LIBRARY})
+      endif()
+    endif()
+  endif()
   message(STATUS "Kestrel CUDA: toolkit ${CUDAToolkit_VERSION}, arch ${CMAKE_CUDA_ARCHITECTURES}, "
-                 "NCCL backend ${KESTREL_HAVE_NCCL} (${KESTREL_NCCL_INCLUDE_DIR})")
+                 "NCCL backend ${KESTREL_HAVE_NCCL} (${KESTREL_NCCL_INCLUDE_DIR}), "
+                 "cuDNN attention ${KESTREL_HAVE_CUDNN} (${KESTREL_CUDNN_LIBRARY})")
 endif()

@@ -1,6 +1,8 @@
 // CUDA attention slots (kernels/attention.h) over the flash-attention launchers in
 // cuda/flash_attention/flash_attention.h: bf16/f16 only (f32 attention on CUDA is an error naming the op), the
-// backward workspace allocated with Tensor::empty under a Workspace tag.
+// backward workspace allocated with Tensor::empty under a Workspace tag. Each call first asks
+// use_cudnn_attention (attention_backend.h) whether cuDNN's fused attention runs it instead.
+#include "cuda/attention_backend.h"
 #include "cuda/common.cuh"
 #include "cuda/flash_attention/flash_attention.h"
 #include "kernels/attention.h"
@@ -60,6 +62,12 @@ cuda::FlashAttentionParams make_params(const Tensor& out, const Tensor& lse, con
 
 void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& cq, const Tensor& ck, const kernels::AttentionParams& p) {
+  if (use_cudnn_attention(p, q, k, cq, ck, /*backward=*/false)) {
+#if KESTREL_WITH_CUDNN
+    cudnn_attention_forward(out, lse, q, k, v, cq, ck, p);
+#endif
+    return;
+  }
   cuda::FlashBlockMask mask;
   cuda::flash_attention_forward(make_params(out, lse, q, k, v, cq, ck, p, mask), cuda::current_stream());
   KESTREL_CUDA_CHECK_LAUNCH();
@@ -68,6 +76,12 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
 void attention_backward_cuda(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cq,
                              const Tensor& ck, const kernels::AttentionParams& p) {
+  if (use_cudnn_attention(p, q, k, cq, ck, /*backward=*/true)) {
+#if KESTREL_WITH_CUDNN
+    cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cq, ck, p);
+#endif
+    return;
+  }
   cuda::FlashAttentionBackwardParams b{};
   cuda::FlashBlockMask mask;
   b.fwd = make_params(out, lse, q, k, v, cq, ck, p, mask);

@@ -25,6 +25,7 @@ struct AttentionParams {
   bool deterministic = false;  // backward: dq summed in a fixed order (bitwise reproducible)
   Tensor prefix_len;           // i32 [docs] on q's device, prefix-LM lengths (causal only); undefined = none
   BlockMask block_mask;        // block-sparse 2-D mask on q's device (causal = false, one document); undefined = none
+  AttentionBackend backend = AttentionBackend::Auto;  // CUDA: Kestrel's kernels or cuDNN's (kestrel/ops/attention.h)
 };
 
 // out [total_q, Hq, D] (q's dtype), lse [total_q, Hq] f32 (-inf and out = 0 for a row with no key).

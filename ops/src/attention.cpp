@@ -91,6 +91,21 @@ void check_block_mask(const AttentionOptions& options, const Tensor& q, const Te
 
 }  // namespace
 
+const char* attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::Auto: return "auto";
+    case AttentionBackend::Kestrel: return "kestrel";
+    case AttentionBackend::Cudnn: return "cudnn";
+  }
+  return "?";
+}
+
+AttentionBackend parse_attention_backend(const std::string& value, const std::string& key) {
+  for (AttentionBackend b : {AttentionBackend::Auto, AttentionBackend::Kestrel, AttentionBackend::Cudnn})
+    if (value == attention_backend_name(b)) return b;
+  throw make_error(kOp, key, " must be \"auto\", \"kestrel\" or \"cudnn\", got '", value, "'");
+}
+
 AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                           const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                           const AttentionOptions& options) {
@@ -119,6 +134,8 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                 ") is implemented for causal attention only; pass causal = true or window = 0");
   if (options.prefix_len.defined()) check_prefix_len(options, cu_seqlens_k, q);
   if (options.block_mask.defined()) check_block_mask(options, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k);
+  KESTREL_CHECK(options.backend != AttentionBackend::Cudnn || q.device().is_cuda(), kOp,
+                "backend cudnn (attention.backend) runs on CUDA devices only, q is on ", q.device().str());
 
   kernels::AttentionParams p;
   p.max_seqlen_q = max_seqlen_q;
@@ -130,6 +147,7 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   p.deterministic = options.deterministic;
   if (options.prefix_len.defined()) p.prefix_len = options.prefix_len.contiguous();
   p.block_mask = options.block_mask;
+  p.backend = options.backend;
 
   Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   Tensor cq = cu_seqlens_q.contiguous(), ck = cu_seqlens_k.contiguous();

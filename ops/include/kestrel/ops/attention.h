@@ -100,6 +100,23 @@ BlockMask block_mask_from_predicate(int64_t total_q, int64_t total_k,
 // for tests and small inputs.
 BlockMask block_mask_from_dense(const Tensor& mask);
 
+// Which implementation runs attention on a CUDA device (the CPU always runs its reference).
+//   Kestrel: the library's flash-attention kernels (every feature below).
+//   Cudnn:   cuDNN's fused flash attention (ops/cuda/cudnn_attention/): sm_90, bf16/f16, head dim a
+//            multiple of 8 up to 128, causal (queries and keys the same documents: one cu_seqlens
+//            tensor) or bidirectional, no window, prefix_len or block_mask, not deterministic. Its
+//            workspace comes from the caching allocator (Workspace), its handle's and kernels' device
+//            memory is charged as External. Chosen for a call it cannot run, it throws naming why
+//            (also in a build without cuDNN).
+//   Auto:    Cudnn where it can run and measures faster (the rule in ops/cuda/attention_backend.cpp),
+//            else Kestrel.
+// The forward and the backward each choose (a backward may run on the other backend: both use the
+// same lse). Config key: attention.backend = "auto" | "kestrel" | "cudnn".
+enum class AttentionBackend { Auto, Kestrel, Cudnn };
+const char* attention_backend_name(AttentionBackend b);  // "auto", "kestrel", "cudnn"
+// "auto" | "kestrel" | "cudnn"; anything else throws kestrel::Error naming `key` and the allowed values.
+AttentionBackend parse_attention_backend(const std::string& value, const std::string& key = "attention.backend");
+
 struct AttentionOptions {
   bool causal = true;
   double softmax_scale = 0.0;  // 0 = 1 / sqrt(D)
@@ -124,6 +141,8 @@ struct AttentionOptions {
   // (sm_90, head dims up to 128 run at 64 or 128, bf16/f16; others refuse it; the deterministic
   // backward is not built with it and refuses).
   BlockMask block_mask;
+  // Implementation on CUDA (AttentionBackend above); the CPU ignores it except that Cudnn is refused there.
+  AttentionBackend backend = AttentionBackend::Auto;
 };
 
 struct AttentionOutput {

@@ -1,0 +1,81 @@
+// The attention backend choice (attention_backend.h): what cuDNN's fused flash attention can run
+// and the Auto rule.
+#include "cuda/attention_backend.h"
+
+#include <cstdint>
+#include <sstream>
+
+#include "cuda/flash_attention/heuristics.h"
+#include "kestrel/runtime/error.h"
+
+namespace kestrel::cuda_ops {
+
+bool cudnn_attention_built() { return KESTREL_WITH_CUDNN != 0; }
+
+std::string cudnn_attention_unsupported(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
+                                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, bool backward) {
+  std::ostringstream why;
+  if (!cudnn_attention_built()) return "Kestrel was built without cuDNN (cudnn_graph.h / libcudnn 9 not found by CMake)";
+  if (q.dtype() != DType::BF16 && q.dtype() != DType::F16) {
+    why << "dtype " << dtype_name(q.dtype()) << " (cuDNN backend: bf16 or f16)";
+    return why.str();
+  }
+  const int64_t D = q.shape()[2];
+  if (D % 8 != 0 || D > 128) {
+    why << "head_dim " << D << " (cuDNN backend: multiples of 8 up to 128)";
+    return why.str();
+  }
+  if (p.window > 0) {
+    why << "sliding window " << p.window << " (not implemented by the cuDNN backend)";
+    return why.str();
+  }
+  if (p.prefix_len.defined()) return "prefix_len (a prefix-LM mask is not implemented by the cuDNN backend)";
+  if (p.block_mask.defined()) return "block_mask (not implemented by the cuDNN backend)";
+  if (p.deterministic)
+    return backward ? "deterministic (the cuDNN backend's backward adds dq by atomics)"
+                    : "deterministic (the cuDNN backend's backward adds dq by atomics; the forward refuses too so a "
+                      "run fails before its first step)";
+  // The graph's causal mask is top-left aligned per document (query row i sees keys j <= i): equal to
+  // Kestrel's bottom-right alignment only when queries and keys are the same documents.
+  if (p.causal && (cu_seqlens_q.data_ptr() != cu_seqlens_k.data_ptr() || q.shape()[0] != k.shape()[0] ||
+                   p.max_seqlen_q != p.max_seqlen_k))
+    return "causal attention with separate cu_seqlens_q / cu_seqlens_k (the cuDNN backend needs self-attention: one "
+           "cu_seqlens tensor for queries and keys)";
+  if (cu_seqlens_q.numel() < 2) return "no documents";
+  const cuda::fa::DeviceProps dev = cuda::fa::current_device_props();
+  if (dev.cc_major != 9) {
+    why << "device sm_" << dev.cc_major << dev.cc_minor << " (the cuDNN backend is enabled on sm_90)";
+    return why.str();
+  }
+  return {};
+}
+
+bool cudnn_attention_preferred(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k, bool backward) {
+  // AWAITS MEASUREMENT: bench_flash_attention's BM_cudnn_attention rows against BM_flash_attention on
+  // the H200 decide where cuDNN wins (PyTorch's cuDNN SDPA measured 596 / 510 TFLOP/s fwd / fwd+bwd
+  // for causal D128 at 8k tokens against our 466 / 405, so the training step's dense causal shapes
+  // are the expected winners). Until the measured rule is written here, Auto runs Kestrel's kernels.
+  (void)p;
+  (void)q;
+  (void)k;
+  (void)backward;
+  return false;
+}
+
+bool use_cudnn_attention(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
+                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, bool backward) {
+  if (p.backend == AttentionBackend::Kestrel) return false;
+  const std::string why = cudnn_attention_unsupported(p, q, k, cu_seqlens_q, cu_seqlens_k, backward);
+  if (p.backend == AttentionBackend::Cudnn) {
+    KESTREL_CHECK(why.empty(), "attention", "backend cudnn (attention.backend) cannot run this ",
+                  backward ? "backward" : "forward", ": ", why, "; use backend kestrel or auto");
+    return true;
+  }
+  return why.empty() && cudnn_attention_preferred(p, q, k, backward);
+}
+
+#if !KESTREL_WITH_CUDNN
+int64_t cudnn_attention_external_bytes(int) { return 0; }
+#endif
+
+}  // namespace kestrel::cuda_ops

@@ -1,0 +1,283 @@
+// cuDNN's fused flash attention as Kestrel's second attention backend (attention_backend.h): one
+// cuDNN handle per device (created lazily, bound to current_stream() per call), execution plans
+// cached per shape bucket, the per-call metadata (document lengths, ragged offsets) written by one
+// small kernel from cu_seqlens (no host sync), every workspace byte from the caching allocator
+// under MemoryTag::Workspace.
+//
+// Plan cache: a plan is keyed by (io dtype, documents B, Hq, Hkv, D, S_q, S_k, causal, direction)
+// with B and S rounded up (bucket(): exact up to 8 documents / 64 tokens, then 8 steps per power
+// of two), so the document mixes of a training run reuse a handful of plans. The rows past the
+// real documents get length 0; S only bounds the longest document (the padding mask does the rest).
+//
+// Memory: the workspace (the plan's own, plus in the backward the f32 dQ accumulator, the
+// softmax_sum rows and, for GQA, full-head dK / dV) is one Tensor::empty per call; what cuDNN's
+// handle and the kernels it loads take on the device is measured with refresh_external around
+// cudnnCreate and around each new plan's build and first run, so it counts as External against the
+// budget (cudnn_attention_external_bytes reports the sum).
+#include <cudnn_graph.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cuda/attention_backend.h"
+#include "cuda/common.cuh"
+#include "cuda/cudnn_attention/backend.h"
+#include "cuda/cudnn_attention/graphs.h"
+#include "kestrel/cuda/memory.h"
+#include "kestrel/runtime/memory.h"
+
+namespace kestrel::cuda_ops {
+namespace {
+
+using cudnn::BuiltGraph;
+using cudnn::GraphShape;
+
+struct PlanKey {
+  int io;
+  int64_t b, hq, hkv, d, sq, sk;
+  bool causal, backward;
+  auto tie() const { return std::tie(io, b, hq, hkv, d, sq, sk, causal, backward); }
+  bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
+};
+
+struct CachedPlan {
+  BuiltGraph graph;
+  bool ran = false;  // the first run loads the engine's kernels: External is re-measured after it
+};
+
+struct DeviceState {
+  std::mutex mu;  // handle, cache and the handle's stream binding: one call at a time per device
+  cudnnHandle_t handle = nullptr;
+  std::map<PlanKey, std::unique_ptr<CachedPlan>> plans;
+  int64_t external = 0;
+};
+
+constexpr int kMaxDevices = 64;
+DeviceState& device_state(int device) {
+  KESTREL_CHECK(device >= 0 && device < kMaxDevices, "attention", "cuDNN backend: device ", device, " out of range");
+  static DeviceState states[kMaxDevices];  // never destroyed, like the CUDA contexts
+  return states[device];
+}
+
+// x rounded up: to step_min at least, exact multiples of step_min up to 8 * step_min, then to 1/8 of
+// its power of two (at most 12.5% more).
+int64_t bucket(int64_t x, int64_t step_min) {
+  if (x <= step_min) return step_min;
+  int64_t pow2 = 1;
+  while (pow2 * 2 <= x) pow2 *= 2;
+  const int64_t step = std::max(step_min, pow2 / 8);
+  return (x + step - 1) / step * step;
+}
+
+cudnnHandle_t handle_for(DeviceState& st, int device) {  // under st.mu
+  if (!st.handle) {
+    const int64_t before = cuda::refresh_external(device);
+    KESTREL_CUDNN_CHECK(cudnnCreate(&st.handle));
+    st.external += std::max<int64_t>(0, cuda::refresh_external(device) - before);
+  }
+  return st.handle;
+}
+
+CachedPlan& plan_for(DeviceState& st, int device, const PlanKey& key, int64_t* external_before) {  // under st.mu
+  auto it = st.plans.find(key);
+  if (it != st.plans.end()) return *it->second;
+  cudnnHandle_t h = handle_for(st, device);
+  *external_before = cuda::refresh_external(device);
+  GraphShape s;
+  s.io = key.io == 0 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  s.b = key.b, s.hq = key.hq, s.hkv = key.hkv, s.d = key.d, s.sq = key.sq, s.sk = key.sk, s.causal = key.causal;
+  auto plan = std::make_unique<CachedPlan>();
+  plan->graph = key.backward ? cudnn::build_backward_graph(h, s) : cudnn::build_forward_graph(h, s);
+  return *st.plans.emplace(key, std::move(plan)).first->second;
+}
+
+// Per-document lengths and ragged offsets (elements) from cu_seqlens, for B >= docs plan rows: the
+// rows past the documents have length 0 and start at the end.
+__global__ void ragged_offsets_kernel(const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k, int docs,
+                                      int b, int64_t q_row, int64_t k_row, int64_t stats_row, int32_t* seq_q,
+                                      int32_t* seq_k, int64_t* off_q, int64_t* off_k, int64_t* off_stats) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i <= b; i += blockDim.x * gridDim.x) {
+    const int doc = min(i, docs);
+    const int64_t cq = cu_q[doc], ck = cu_k[doc];
+    off_q[i] = cq * q_row;
+    off_k[i] = ck * k_row;
+    off_stats[i] = cq * stats_row;
+    if (i < b) {
+      seq_q[i] = i < docs ? cu_q[i + 1] - static_cast<int32_t>(cq) : 0;
+      seq_k[i] = i < docs ? cu_k[i + 1] - static_cast<int32_t>(ck) : 0;
+    }
+  }
+}
+
+// One workspace allocation carved into 256-byte aligned pieces.
+struct Carve {
+  int64_t bytes = 0;
+  int64_t take(int64_t n) {
+    const int64_t at = bytes;
+    bytes += (std::max<int64_t>(n, 1) + 255) / 256 * 256;
+    return at;
+  }
+};
+
+// The call's plan shape, metadata and the pointers every graph reads.
+struct Call {
+  PlanKey key;
+  int docs = 0;
+  int64_t total_q = 0, total_k = 0;
+  float scale = 0, neg_inf = 0, one = 1;
+  std::vector<int64_t> uids;
+  std::vector<void*> ptrs;
+  void add(int64_t uid, const void* p) {
+    uids.push_back(uid);
+    ptrs.push_back(const_cast<void*>(p));
+  }
+};
+
+Call make_call(const Tensor& q, const Tensor& k, const Tensor& cq, const kernels::AttentionParams& p, bool backward) {
+  Call c;
+  c.docs = static_cast<int>(cq.numel() - 1);
+  c.total_q = q.shape()[0];
+  c.total_k = k.shape()[0];
+  c.key.io = q.dtype() == DType::BF16 ? 0 : 1;
+  c.key.b = bucket(c.docs, 1);
+  c.key.hq = q.shape()[1];
+  c.key.hkv = k.shape()[1];
+  c.key.d = q.shape()[2];
+  c.key.sq = bucket(p.max_seqlen_q, 64);
+  c.key.sk = bucket(p.max_seqlen_k, 64);
+  if (p.causal) c.key.sq = c.key.sk = std::max(c.key.sq, c.key.sk);
+  c.key.causal = p.causal;
+  c.key.backward = backward;
+  c.scale = static_cast<float>(p.softmax_scale);
+  c.neg_inf = -std::numeric_limits<float>::infinity();
+  return c;
+}
+
+// Writes the metadata into the workspace (at its carved offsets) and adds the uids every graph shares.
+void add_metadata(Call& c, uint8_t* ws, int64_t at_seq_q, int64_t at_seq_k, int64_t at_off_q,
+                  int64_t at_off_k, int64_t at_off_stats, const Tensor& cq, const Tensor& ck, cudaStream_t stream) {
+  auto* seq_q = reinterpret_cast<int32_t*>(ws + at_seq_q);
+  auto* seq_k = reinterpret_cast<int32_t*>(ws + at_seq_k);
+  auto* off_q = reinterpret_cast<int64_t*>(ws + at_off_q);
+  auto* off_k = reinterpret_cast<int64_t*>(ws + at_off_k);
+  auto* off_stats = reinterpret_cast<int64_t*>(ws + at_off_stats);
+  const int b = static_cast<int>(c.key.b);
+  ragged_offsets_kernel<<<(b + 1 + 255) / 256, 256, 0, stream>>>(
+      static_cast<const int32_t*>(cq.data_ptr()), static_cast<const int32_t*>(ck.data_ptr()), c.docs, b,
+      c.key.hq * c.key.d, c.key.hkv * c.key.d, c.key.hq, seq_q, seq_k, off_q, off_k, off_stats);
+  KESTREL_CUDA_CHECK_LAUNCH();
+  c.add(cudnn::kSeqQ, seq_q);
+  c.add(cudnn::kSeqKV, seq_k);
+  c.add(cudnn::kOffQ, off_q);
+  c.add(cudnn::kOffK, off_k);
+  c.add(cudnn::kOffV, off_k);  // v is laid out like k, out / dout like q
+  c.add(cudnn::kOffO, off_q);
+  c.add(cudnn::kOffStats, off_stats);
+  c.add(cudnn::kScale, &c.scale);  // by value: host pointers, read by cudnnBackendExecute
+  c.add(cudnn::kNegInf, &c.neg_inf);
+}
+
+void execute(DeviceState& st, int device, CachedPlan& plan, Call& c, void* workspace, int64_t external_before,
+             cudaStream_t stream) {  // under st.mu
+  cudnn::Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const int64_t n = static_cast<int64_t>(c.uids.size());
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, c.uids.data(), "variant pack uids");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, c.ptrs.data(), "variant pack pointers");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "variant pack workspace");
+  pack.finalize("variant pack finalize");
+  KESTREL_CUDNN_CHECK(cudnnSetStream(st.handle, stream));
+  KESTREL_CUDNN_CHECK(cudnnBackendExecute(st.handle, plan.graph.plan->get(), pack.get()));
+  if (!plan.ran && external_before > 0) {  // a new plan's first run loaded its kernels: charge them
+    plan.ran = true;
+    st.external += std::max<int64_t>(0, cuda::refresh_external(device) - external_before);
+  }
+}
+
+Tensor allocate_workspace(int64_t bytes, Device device) {
+  TagScope tag(MemoryTag::Workspace);
+  return Tensor::empty({bytes}, DType::U8, device);
+}
+
+// Scratch rows past the packed tokens: room for a kernel tile that reaches past the last document.
+constexpr int64_t kScratchPadRows = 128;
+
+}  // namespace
+
+void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& cq, const Tensor& ck, const kernels::AttentionParams& p) {
+  const int device = cuda::current_device();
+  DeviceState& st = device_state(device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  Call c = make_call(q, k, cq, p, /*backward=*/false);
+  int64_t external_before = 0;
+  CachedPlan& plan = plan_for(st, device, c.key, &external_before);
+  const int64_t b = c.key.b;
+  Carve w;
+  const int64_t at_plan = w.take(plan.graph.workspace), at_seq_q = w.take(4 * b), at_seq_k = w.take(4 * b),
+                at_off_q = w.take(8 * (b + 1)), at_off_k = w.take(8 * (b + 1)), at_off_stats = w.take(8 * (b + 1));
+  Tensor ws = allocate_workspace(w.bytes, q.device());
+  auto* base = static_cast<uint8_t*>(ws.data_ptr());
+  cudaStream_t stream = cuda::current_stream();
+  add_metadata(c, base, at_seq_q, at_seq_k, at_off_q, at_off_k, at_off_stats, cq, ck, stream);
+  c.add(cudnn::kQ, q.data_ptr());
+  c.add(cudnn::kK, k.data_ptr());
+  c.add(cudnn::kV, v.data_ptr());
+  c.add(cudnn::kO, out.data_ptr());
+  c.add(cudnn::kStats, lse.data_ptr());
+  execute(st, device, plan, c, base + at_plan, external_before, stream);
+}
+
+void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const Tensor& cq, const Tensor& ck, const kernels::AttentionParams& p) {
+  const int device = cuda::current_device();
+  DeviceState& st = device_state(device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  Call c = make_call(q, k, cq, p, /*backward=*/true);
+  int64_t external_before = 0;
+  CachedPlan& plan = plan_for(st, device, c.key, &external_before);
+  const int64_t b = c.key.b, hq = c.key.hq, d = c.key.d;
+  const int64_t rows_q = c.total_q + kScratchPadRows, rows_k = c.total_k + kScratchPadRows;
+  const bool gqa = c.key.hq != c.key.hkv;
+  Carve w;
+  const int64_t at_plan = w.take(plan.graph.workspace), at_seq_q = w.take(4 * b), at_seq_k = w.take(4 * b),
+                at_off_q = w.take(8 * (b + 1)), at_off_k = w.take(8 * (b + 1)), at_off_stats = w.take(8 * (b + 1));
+  const int64_t at_dq_accum = w.take(rows_q * hq * d * 4), at_softmax_sum = w.take(rows_q * hq * 4);
+  // Full-head dK / dV: sized in f32 as cudnn-frontend sizes them, though they hold the io type.
+  const int64_t at_dk_full = gqa ? w.take(rows_k * hq * d * 4) : 0, at_dv_full = gqa ? w.take(rows_k * hq * d * 4) : 0;
+  Tensor ws = allocate_workspace(w.bytes, q.device());
+  auto* base = static_cast<uint8_t*>(ws.data_ptr());
+  cudaStream_t stream = cuda::current_stream();
+  add_metadata(c, base, at_seq_q, at_seq_k, at_off_q, at_off_k, at_off_stats, cq, ck, stream);
+  c.add(cudnn::kQ, q.data_ptr());
+  c.add(cudnn::kK, k.data_ptr());
+  c.add(cudnn::kV, v.data_ptr());
+  c.add(cudnn::kO, out.data_ptr());
+  c.add(cudnn::kDO, dout.data_ptr());
+  c.add(cudnn::kStats, lse.data_ptr());
+  c.add(cudnn::kDQ, dq.data_ptr());
+  c.add(cudnn::kDK, dk.data_ptr());
+  c.add(cudnn::kDV, dv.data_ptr());
+  c.add(cudnn::kOne, &c.one);
+  c.add(cudnn::kDQAccum, base + at_dq_accum);  // cuDNN >= 9.6 clears it itself
+  c.add(cudnn::kSoftmaxSum, base + at_softmax_sum);
+  if (gqa) {
+    c.add(cudnn::kDKFull, base + at_dk_full);
+    c.add(cudnn::kDVFull, base + at_dv_full);
+  }
+  execute(st, device, plan, c, base + at_plan, external_before, stream);
+}
+
+int64_t cudnn_attention_external_bytes(int device) {
+  DeviceState& st = device_state(device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.external;
+}
+
+}  // namespace kestrel::cuda_ops
