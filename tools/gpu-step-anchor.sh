@@ -5,7 +5,9 @@
 # then PyTorch eager (and torch.compile with STEP_COMPILE=1) on the same shapes (bench/step_vs_torch.py).
 # Every Kestrel row carries tok/s, MFU ((6 x parameters x tokens + attention FLOPs) / time / bf16 peak,
 # recompute not counted) and the NVML peak.
-# usage: tools/gpu-step-anchor.sh BIN_DIR [1b5|9b|all]   (BIN_DIR: libkestrel.so and kestrel-train)
+# usage: tools/gpu-step-anchor.sh BIN_DIR [1b5|9b|all|9b40]   (BIN_DIR: libkestrel.so and kestrel-train)
+#   9b40: the 9B / 250k at 8k inside the 40 GiB budget instead (configs/llama_9b_250k_8k.json: full recompute,
+#         optimizer state on the host, accumulation 8), bf16 and FP8 (STEP_STEPS40 steps, default 4).
 # Environment: STEP_SET="k=v ..." extra --set entries for the Kestrel runs; STEP_COMPILE=1 adds the
 # torch.compile rows; STEP_TORCH=0 skips PyTorch; STEP_PRECISIONS="bf16 fp8" (default both).
 set -u
@@ -29,7 +31,7 @@ kes() {  # kes LABEL TIMEOUT CONFIG [--set ...]
   rows+=("$(grep '^| ' "/tmp/step_$label.log" | tail -n 1)")
 }
 fp8_set() { [ "$1" = fp8 ] && echo "--set fp8.enabled=true" || echo "--set fp8.enabled=false"; }
-if [ "$MODE" != 9b ]; then
+if [ "$MODE" = 1b5 ] || [ "$MODE" = all ]; then
   for prec in ${STEP_PRECISIONS:-bf16 fp8}; do
     for r in selective none recompute; do
       # shellcheck disable=SC2046
@@ -42,7 +44,13 @@ if [ "$MODE" != 9b ]; then
       --steps 6 --warmup 2 "${compile[@]}" 2>&1 | grep -v Warning | tail -n 6
   fi
 fi
-if [ "$MODE" != 1b5 ]; then
+if [ "$MODE" = 9b40 ]; then
+  for prec in ${STEP_PRECISIONS:-bf16 fp8}; do
+    # shellcheck disable=SC2046
+    kes "9b40_${prec}_acc8" 300 configs/llama_9b_250k_8k.json $(fp8_set "$prec") --set train.steps="${STEP_STEPS40:-4}" \
+      --set train.grad_accum=8 --warmup 1 --set train.warmup_steps=1 --set out_dir=runs/step_9b40_$prec
+  done
+elif [ "$MODE" != 1b5 ]; then
   for prec in ${STEP_PRECISIONS:-bf16 fp8}; do
     # shellcheck disable=SC2046
     kes "9b_${prec}_full" 300 configs/llama_9b_250k_8k_step.json $(fp8_set "$prec") --set train.steps=6 --warmup 2
