@@ -149,6 +149,7 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
     opts.deterministic = deterministic_;
     Tensor a;  // [T, Hq, D]
     if (!cache) {
+      opts.backend = attention_backend_;
       a = attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, opts);
     } else {
       // Append this step's keys/values to each document's cache; attend over cached + new (causal,

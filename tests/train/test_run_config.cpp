@@ -106,5 +106,38 @@ TEST(RunConfig, MemoryKeysDefaultToTheEnvironmentAndAreChecked) {
   }
 }
 
+// attention.backend (issue 23): "auto" | "kestrel" | "cudnn" into RunConfig::attention_backend;
+// anything else names the key and the allowed values; "cudnn" is refused where it cannot run (the
+// CPU, f32, a deterministic run), naming the keys involved.
+TEST(RunConfig, AttentionBackendKey) {
+  EXPECT_EQ(RunConfig::resolve(train::default_train_config()).attention_backend, AttentionBackend::Auto);
+  auto backend = [](const char* value, const char* device, const char* precision) {
+    json c = with({{"device", device}, {"precision", precision}});
+    c["attention"]["backend"] = value;
+    return c;
+  };
+  EXPECT_EQ(RunConfig::resolve(backend("kestrel", "cpu", "f32")).attention_backend, AttentionBackend::Kestrel);
+  EXPECT_EQ(RunConfig::resolve(backend("auto", "cpu", "f32")).attention_backend, AttentionBackend::Auto);
+  EXPECT_EQ(RunConfig::resolve(backend("cudnn", "cuda:0", "bf16")).attention_backend, AttentionBackend::Cudnn);
+  EXPECT_EQ(RunConfig::resolve(backend("cudnn", "cuda:0", "f16")).attention_backend, AttentionBackend::Cudnn);
+  const std::string bad = error_of(backend("flash", "cpu", "f32"));
+  EXPECT_NE(bad.find("attention.backend"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("\"auto\", \"kestrel\" or \"cudnn\""), std::string::npos) << bad;
+  EXPECT_NE(bad.find("'flash'"), std::string::npos) << bad;
+  json num = train::default_train_config();
+  num["attention"]["backend"] = 1;
+  EXPECT_NE(error_of(num).find("attention.backend"), std::string::npos) << error_of(num);
+  const std::string cpu = error_of(backend("cudnn", "cpu", "f32"));
+  EXPECT_NE(cpu.find("needs a CUDA device"), std::string::npos) << cpu;
+  const std::string f32 = error_of(backend("cudnn", "cuda:0", "f32"));
+  EXPECT_NE(f32.find("precision bf16 or f16"), std::string::npos) << f32;
+  json det = backend("cudnn", "cuda:0", "bf16");
+  det["train"]["deterministic"] = true;
+  const std::string d = error_of(det);
+  EXPECT_NE(d.find("train.deterministic"), std::string::npos) << d;
+  EXPECT_EQ(parse_attention_backend("cudnn"), AttentionBackend::Cudnn);
+  EXPECT_STREQ(attention_backend_name(AttentionBackend::Kestrel), "kestrel");
+}
+
 }  // namespace
 }  // namespace kestrel

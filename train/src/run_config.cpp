@@ -1,5 +1,5 @@
 // RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget /
-// memory.* / train.deterministic / fp8.* into typed values (run_config.h states the rules).
+// memory.* / train.deterministic / fp8.* / attention.* into typed values (run_config.h states the rules).
 #include "kestrel/train/run_config.h"
 
 #include <limits>
@@ -76,6 +76,18 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   KESTREL_CHECK(!r.fp8 || r.dtype == DType::BF16 || (r.dtype == DType::F32 && !r.device.is_cuda()), "train",
                 "fp8.enabled needs precision bf16 (or f32 on the CPU, emulated), got ", dtype_name(r.dtype), " on ",
                 r.device.str());
+  const nlohmann::json& attn = cfg["attention"];
+  KESTREL_CHECK(attn["backend"].is_string(), "train", "attention.backend must be \"auto\", \"kestrel\" or \"cudnn\", got ",
+                attn["backend"].dump());
+  r.attention_backend = parse_attention_backend(attn["backend"].get<std::string>(), "attention.backend");
+  if (r.attention_backend == AttentionBackend::Cudnn) {
+    KESTREL_CHECK(r.device.is_cuda(), "train", "attention.backend \"cudnn\" needs a CUDA device, the run is on ",
+                  r.device.str());
+    KESTREL_CHECK(r.dtype == DType::BF16 || r.dtype == DType::F16, "train",
+                  "attention.backend \"cudnn\" needs precision bf16 or f16, got ", dtype_name(r.dtype));
+    KESTREL_CHECK(!r.deterministic, "train", "attention.backend \"cudnn\" and train.deterministic together: the ",
+                  "cuDNN backward adds dq by atomics (use attention.backend \"kestrel\" for a deterministic run)");
+  }
   r.memory_budget = cfg["memory_budget"];
   if (!r.memory_budget.empty())
     r.memory_budget_bytes =

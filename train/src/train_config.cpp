@@ -100,6 +100,9 @@ json default_train_config() {
         // The q/k/v, gate/up and down input casts come from their producers (kestrel/ops/fp8_producers.h:
         // SwiGLU's in its own pass, the norms' right after them): the same bits; false for A/Bs.
         {"fused_casts", true}}},
+      // The decoder's attention implementation (kestrel/ops/attention.h AttentionBackend): "auto"
+      // (cuDNN where it measures faster, else Kestrel's kernels), "kestrel" or "cudnn".
+      {"attention", {{"backend", "auto"}}},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",
        {{"pinned_limit", size_text(mem.pinned_limit)},

@@ -170,6 +170,7 @@ struct Trainer::Impl {
     task->set_deterministic(run.deterministic);
     if (run.deterministic && device.is_cuda()) log("train.deterministic: fixed-order embedding and attention backward");
     if (models::Decoder* dec = task->decoder()) {
+      dec->set_attention_backend(run.attention_backend);
       // Selective recompute: each layer's region also keeps attention's output and lse.
       dec->set_layer_recompute(run.recompute_selective ? models::LayerRecompute::Selective : models::LayerRecompute::Full);
       // The MLP's token tile: the configured one, or for "auto" the planner's choice for the budget.

@@ -19,6 +19,7 @@
 #include "kestrel/models/config.h"
 #include "kestrel/models/packed_batch.h"
 #include "kestrel/models/parameters.h"
+#include "kestrel/ops/attention.h"
 #include "kestrel/ops/cross_entropy.h"
 #include "kestrel/ops/fp8.h"
 #include "kestrel/ops/rope.h"
@@ -98,6 +99,12 @@ class Decoder {
   void set_deterministic(bool on) { deterministic_ = on; }
   bool deterministic() const { return deterministic_; }
 
+  // The attention implementation of the layers' training forward and backward (AttentionBackend in
+  // kestrel/ops/attention.h: auto, kestrel or cudnn); decoding against a KvCache always runs the
+  // default (Auto). The trainer sets it from attention.backend.
+  void set_attention_backend(AttentionBackend b) { attention_backend_ = b; }
+  AttentionBackend attention_backend() const { return attention_backend_; }
+
   // FP8 training of the layers' linear projections (q/k/v/o, gate/up/down; kestrel/ops/fp8.h): each is
   // linear_fp8 with its own delayed-scaling rows (index layer * 7 + {q, k, v, o, gate, up, down});
   // q/k/v share one cast of their input (q's input row), gate/up one of theirs (gate's input row).
@@ -140,6 +147,7 @@ class Decoder {
   int64_t mlp_tile_tokens_ = 0;
   LayerRecompute layer_recompute_ = LayerRecompute::Full;
   bool deterministic_ = false;
+  AttentionBackend attention_backend_ = AttentionBackend::Auto;
   bool fp8_fused_casts_ = true;
   std::shared_ptr<Fp8State> fp8_;  // shared by copies of the decoder (one model, one state)
   ParameterFence fence_;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kestrel/autograd/recompute.h"
+#include "kestrel/ops/attention.h"
 #include "kestrel/ops/fp8.h"
 #include "kestrel/runtime/device.h"
 #include "kestrel/runtime/dtype.h"
@@ -59,6 +60,10 @@ struct RunConfig {
   bool fp8 = false;
   Fp8Recipe fp8_recipe;
   bool fp8_fused_casts = true;
+  // "attention.backend": "auto" | "kestrel" | "cudnn" (AttentionBackend, kestrel/ops/attention.h),
+  // the decoder's attention implementation; "cudnn" needs a CUDA device, bf16/f16 precision and
+  // train.deterministic off (refused here, naming the keys).
+  AttentionBackend attention_backend = AttentionBackend::Auto;
 
   bool on_cuda() const { return device.is_cuda(); }
   bool has_budget() const { return !memory_budget.empty(); }
