@@ -15,6 +15,10 @@
 // FlashKernel::HopperPadded (the 128 kernels, the path before the narrow ones), T 8k. BM_flash_attention_so400m:
 // the so400m vision tower's attention, 22 images of 729 tokens (16038 tokens), 16 heads of 72,
 // bidirectional, fwd and fwd+bwd, narrow (padded:0) and padded (padded:1).
+// BM_cudnn_attention: BM_flash_attention's rows (same shapes, same FLOP count) on cuDNN's fused flash
+// attention (AttentionBackend::Cudnn through the attention kernel slots: cached plan, workspace from
+// the caching allocator, metadata kernel included), so one binary measures both backends; the Auto
+// rule in ops/cuda/attention_backend.cpp is written from these two tables.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,7 +30,12 @@
 
 #include "bench_common.cuh"
 #include "cuda/flash_attention/flash_attention.h"
+#include "kernels/attention.h"
 #include "kestrel/cuda/check.h"
+#include "kestrel/cuda/context.h"
+#include "kestrel/ops/attention.h"
+#include "kestrel/runtime/error.h"
+#include "kestrel/runtime/tensor.h"
 
 namespace {
 
@@ -118,6 +127,54 @@ void BM_flash_attention_so400m(benchmark::State& state) {
                   state.range(1) ? FlashKernel::HopperPadded : FlashKernel::Auto, 22, 16);
 }
 
+// The same documents through the Tensor-level slots on the cuDNN backend.
+void bench_cudnn_attention(benchmark::State& state, int T, int D, bool causal, bool backward) {
+  using namespace kestrel;
+  const int docs = kTokens / T, tokens = docs * T;
+  const Device dev = Device::cuda(0);
+  cudaStream_t stream = cuda::current_stream();
+  uint32_t seed = 1;
+  auto random = [&](int64_t heads) {
+    Tensor t = Tensor::empty({tokens, heads, D}, DType::BF16, dev);
+    fill_random_bf16<<<1024, 256, 0, stream>>>(t.data<uint16_t>(), static_cast<size_t>(t.numel()), seed++);
+    KESTREL_CUDA_CHECK_LAUNCH();
+    return t;
+  };
+  const Tensor q = random(kHeads), k = random(kHeads), v = random(kHeads), dout = random(kHeads);
+  const Tensor out = Tensor::empty(q.shape(), DType::BF16, dev), lse = Tensor::empty({tokens, kHeads}, DType::F32, dev);
+  const Tensor dq = Tensor::empty(q.shape(), DType::BF16, dev), dk = Tensor::empty(k.shape(), DType::BF16, dev),
+               dv = Tensor::empty(v.shape(), DType::BF16, dev);
+  std::vector<int64_t> cu(docs + 1);
+  for (int i = 0; i <= docs; ++i) cu[i] = static_cast<int64_t>(i) * T;
+  const Tensor cu_seqlens = Tensor::from_vector(cu, {docs + 1}, DType::I32).to(dev);
+  kernels::AttentionParams p;
+  p.max_seqlen_q = p.max_seqlen_k = T;
+  p.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  p.causal = causal;
+  p.backend = AttentionBackend::Cudnn;
+  auto step = [&] {
+    kernels::dispatch(kernels::attention_forward, "attention", dev, out, lse, q, k, v, cu_seqlens, cu_seqlens, p);
+    if (backward)
+      kernels::dispatch(kernels::attention_backward, "attention_backward", dev, dq, dk, dv, dout, q, k, v, out, lse,
+                        cu_seqlens, cu_seqlens, p);
+  };
+  try {
+    kestrel::bench::time_with_events(state, step, stream, 3);  // warm-up: plan build, module load
+  } catch (const Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  const double scores = causal ? 0.5 * T * T : 1.0 * T * T;
+  const double flops = 4.0 * scores * D * kHeads * docs * (backward ? 3.5 : 1.0);
+  state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string("cudnn ") + (causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd"));
+}
+
+void BM_cudnn_attention(benchmark::State& state) {
+  bench_cudnn_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+                        state.range(2) != 0, state.range(3) != 0);
+}
+
 void args(benchmark::internal::Benchmark* bm) {
   for (int bwd : {0, 1})
     for (int causal : {1, 0})
@@ -135,6 +192,7 @@ void window_args(benchmark::internal::Benchmark* bm) {
 }
 
 BENCHMARK(BM_flash_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+BENCHMARK(BM_cudnn_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 void deterministic_args(benchmark::internal::Benchmark* bm) {
   for (int d : {64, 128})
     for (int t : {4096, 8192, 16384}) bm->Args({t, d});
