@@ -17,7 +17,9 @@ namespace kestrel::cuda_ops {
 bool cudnn_attention_built();
 
 // Empty when cuDNN's backend can run this call on the current device, else why not ("head_dim 256
-// (cuDNN backend: multiples of 8 up to 128)"). `backward`: the backward graph (refuses deterministic).
+// (cuDNN backend: multiples of 8 up to 128)"). `backward`: the backward graph. Not checked (it would
+// need the lengths on the host): a bidirectional document with queries but no keys, whose rows
+// Kestrel's kernels define (out 0, lse -inf) and cuDNN's softmax does not.
 std::string cudnn_attention_unsupported(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
                                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, bool backward);
 

@@ -61,7 +61,9 @@ struct DeviceState {
 constexpr int kMaxDevices = 64;
 DeviceState& device_state(int device) {
   KESTREL_CHECK(device >= 0 && device < kMaxDevices, "attention", "cuDNN backend: device ", device, " out of range");
-  static DeviceState states[kMaxDevices];  // never destroyed, like the CUDA contexts
+  // Never destroyed, like the CUDA contexts: plans and handles outlive static destructors, which
+  // may run after the driver has shut down.
+  static DeviceState* states = new DeviceState[kMaxDevices];
   return states[device];
 }
 
