@@ -51,15 +51,16 @@ std::string cudnn_attention_unsupported(const kernels::AttentionParams& p, const
 }
 
 bool cudnn_attention_preferred(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k, bool backward) {
-  // AWAITS MEASUREMENT: bench_flash_attention's BM_cudnn_attention rows against BM_flash_attention on
-  // the H200 decide where cuDNN wins (PyTorch's cuDNN SDPA measured 596 / 510 TFLOP/s fwd / fwd+bwd
-  // for causal D128 at 8k tokens against our 466 / 405, so the training step's dense causal shapes
-  // are the expected winners). Until the measured rule is written here, Auto runs Kestrel's kernels.
-  (void)p;
-  (void)q;
+  // Measured on the H200 (bench/RESULTS.md, "cuDNN as the step's second attention backend";
+  // bench_flash_attention's BM_cudnn_attention vs BM_flash_attention, same call, 2 documents of T):
+  // at head dim 128 cuDNN is ahead at every length from kCudnnMinTokens on (8k causal: fwd 536 vs 457,
+  // fwd+bwd 477 vs 409 TFLOP/s); at head dim 64 it is level on fwd+bwd (375 vs 370) and the narrow
+  // dims (72 -> 80) tie, so those stay on Kestrel's kernels, as do short documents (plan and
+  // ragged-offset overheads are a larger share there).
+  constexpr int64_t kCudnnMinTokens = 1024;
   (void)k;
   (void)backward;
-  return false;
+  return q.shape()[2] == 128 && p.max_seqlen_q >= kCudnnMinTokens && p.max_seqlen_k >= kCudnnMinTokens;
 }
 
 bool use_cudnn_attention(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
