@@ -19,8 +19,10 @@
 // attention (AttentionBackend::Cudnn through the attention kernel slots: cached plan, workspace from
 // the caching allocator, metadata kernel included), so one binary measures both backends; the Auto
 // rule in ops/cuda/attention_backend.cpp is written from these two tables.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -127,10 +129,24 @@ void BM_flash_attention_so400m(benchmark::State& state) {
                   state.range(1) ? FlashKernel::HopperPadded : FlashKernel::Auto, 22, 16);
 }
 
-// The same documents through the Tensor-level slots on the cuDNN backend.
-void bench_cudnn_attention(benchmark::State& state, int T, int D, bool causal, bool backward) {
+// The same documents through the Tensor-level slots on the cuDNN backend (or, for the step-shape
+// rows, either backend through the same slots). kv_heads < kHeads: GQA. mix: one 8192-token pack of
+// documents with the long-tailed lengths kStepMix (a training step's packed sequence) instead of
+// kTokens / T documents of length T.
+constexpr int kStepMix[] = {3072, 2048, 1280, 768, 512, 256, 128, 96, 32};
+void bench_cudnn_attention(benchmark::State& state, int T, int D, bool causal, bool backward, int kv_heads = kHeads,
+                           kestrel::AttentionBackend backend = kestrel::AttentionBackend::Cudnn, bool mix = false) {
   using namespace kestrel;
-  const int docs = kTokens / T, tokens = docs * T;
+  std::vector<int> lengths = mix ? std::vector<int>(std::begin(kStepMix), std::end(kStepMix))
+                                 : std::vector<int>(kTokens / T, T);
+  const int docs = static_cast<int>(lengths.size());
+  int tokens = 0, longest = 0;
+  double scores = 0;
+  for (int len : lengths) {
+    tokens += len;
+    longest = std::max(longest, len);
+    scores += causal ? 0.5 * len * len : 1.0 * len * len;
+  }
   const Device dev = Device::cuda(0);
   cudaStream_t stream = cuda::current_stream();
   uint32_t seed = 1;
@@ -140,18 +156,18 @@ void bench_cudnn_attention(benchmark::State& state, int T, int D, bool causal, b
     KESTREL_CUDA_CHECK_LAUNCH();
     return t;
   };
-  const Tensor q = random(kHeads), k = random(kHeads), v = random(kHeads), dout = random(kHeads);
+  const Tensor q = random(kHeads), k = random(kv_heads), v = random(kv_heads), dout = random(kHeads);
   const Tensor out = Tensor::empty(q.shape(), DType::BF16, dev), lse = Tensor::empty({tokens, kHeads}, DType::F32, dev);
   const Tensor dq = Tensor::empty(q.shape(), DType::BF16, dev), dk = Tensor::empty(k.shape(), DType::BF16, dev),
                dv = Tensor::empty(v.shape(), DType::BF16, dev);
-  std::vector<int64_t> cu(docs + 1);
-  for (int i = 0; i <= docs; ++i) cu[i] = static_cast<int64_t>(i) * T;
+  std::vector<int64_t> cu(docs + 1, 0);
+  for (int i = 0; i < docs; ++i) cu[i + 1] = cu[i] + lengths[i];
   const Tensor cu_seqlens = Tensor::from_vector(cu, {docs + 1}, DType::I32).to(dev);
   kernels::AttentionParams p;
-  p.max_seqlen_q = p.max_seqlen_k = T;
+  p.max_seqlen_q = p.max_seqlen_k = longest;
   p.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
   p.causal = causal;
-  p.backend = AttentionBackend::Cudnn;
+  p.backend = backend;
   auto step = [&] {
     kernels::dispatch(kernels::attention_forward, "attention", dev, out, lse, q, k, v, cu_seqlens, cu_seqlens, p);
     if (backward)
@@ -164,10 +180,18 @@ void bench_cudnn_attention(benchmark::State& state, int T, int D, bool causal, b
     state.SkipWithError(e.what());
     return;
   }
-  const double scores = causal ? 0.5 * T * T : 1.0 * T * T;
-  const double flops = 4.0 * scores * D * kHeads * docs * (backward ? 3.5 : 1.0);
+  const double flops = 4.0 * scores * D * kHeads * (backward ? 3.5 : 1.0);
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string("cudnn ") + (causal ? "causal" : "bidir") + (backward ? " fwd+bwd" : " fwd"));
+  state.SetLabel(std::string(backend == AttentionBackend::Cudnn ? "cudnn " : "kestrel ") + (causal ? "causal" : "bidir") +
+                 (backward ? " fwd+bwd" : " fwd") + (kv_heads != kHeads ? " gqa" : "") + (mix ? " step mix" : ""));
+}
+
+// The training step's shapes through the op slots, both backends: 32 query heads, KV heads 32 or 8,
+// one 8k sequence (T 8192) or the step's document mix, causal, fwd+bwd.
+void BM_attention_backends(benchmark::State& state) {
+  const auto backend = state.range(3) ? kestrel::AttentionBackend::Cudnn : kestrel::AttentionBackend::Kestrel;
+  bench_cudnn_attention(state, 8192, static_cast<int>(state.range(0)), true, true, static_cast<int>(state.range(1)),
+                        backend, state.range(2) != 0);
 }
 
 void BM_cudnn_attention(benchmark::State& state) {
@@ -193,6 +217,14 @@ void window_args(benchmark::internal::Benchmark* bm) {
 
 BENCHMARK(BM_flash_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_cudnn_attention)->Apply(args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+void backend_args(benchmark::internal::Benchmark* bm) {
+  for (int mix : {0, 1})
+    for (int d : {64, 128})
+      for (int kv : {32, 8})
+        for (int cudnn : {0, 1}) bm->Args({d, kv, mix, cudnn});
+  bm->ArgNames({"D", "kv_heads", "step_mix", "cudnn"});
+}
+BENCHMARK(BM_attention_backends)->Apply(backend_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 void deterministic_args(benchmark::internal::Benchmark* bm) {
   for (int d : {64, 128})
     for (int t : {4096, 8192, 16384}) bm->Args({t, d});
