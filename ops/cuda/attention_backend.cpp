@@ -51,16 +51,18 @@ std::string cudnn_attention_unsupported(const kernels::AttentionParams& p, const
 }
 
 bool cudnn_attention_preferred(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k, bool backward) {
-  // Measured on the H200 (bench/RESULTS.md, "cuDNN as the step's second attention backend";
-  // bench_flash_attention's BM_cudnn_attention vs BM_flash_attention, same call, 2 documents of T):
-  // at head dim 128 cuDNN is ahead at every length from kCudnnMinTokens on (8k causal: fwd 536 vs 457,
-  // fwd+bwd 477 vs 409 TFLOP/s); at head dim 64 it is level on fwd+bwd (375 vs 370) and the narrow
-  // dims (72 -> 80) tie, so those stay on Kestrel's kernels, as do short documents (plan and
-  // ragged-offset overheads are a larger share there).
-  constexpr int64_t kCudnnMinTokens = 1024;
+  // Measured on the H200 (bench/RESULTS.md, "cuDNN as a second attention backend"): alone, cuDNN's
+  // fused attention is ahead at head dim 128 (8k causal fwd+bwd 484 vs 402 TFLOP/s, GQA 32/8 484 vs
+  // 412, a long-tailed document mix 367-377 vs 319-330) and level at head dim 64. Inside the 1.5B
+  // training step, though, the op profile put 16 cuDNN attention forwards at 71.7 ms (Kestrel 5.9 ms)
+  // and the backwards at 46.5 ms (13.7 ms) on most batches (on some it ran at Kestrel's speed): the
+  // step fell from ~56k to ~34k tok/s, and the 9B step (head dim 128) from 10.8k to 10.4k. Until that
+  // is understood, Auto keeps Kestrel's kernels everywhere; attention.backend "cudnn" runs cuDNN.
+  (void)p;
+  (void)q;
   (void)k;
   (void)backward;
-  return q.shape()[2] == 128 && p.max_seqlen_q >= kCudnnMinTokens && p.max_seqlen_k >= kCudnnMinTokens;
+  return false;
 }
 
 bool use_cudnn_attention(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
