@@ -99,6 +99,27 @@ TEST(MemoryPlan, BytesPerTokenPerLayerAtTheOneAndAHalfBShape) {
   EXPECT_EQ(sel, cfg);
 }
 
+// The cuDNN attention backend's backward workspace is not known without the device: the planner,
+// and through it the "auto" choices of a budgeted run, refuse it by name instead of guessing.
+TEST(MemoryPlan, RefusesTheCudnnAttentionBackend) {
+  json cfg = config_file("llama_1b5_8k.json");
+  cfg["mlp_tile_tokens"] = 0;
+  cfg["attention"]["backend"] = "kestrel";
+  const int64_t peak = plan_memory(cfg).peak;
+  cfg["attention"]["backend"] = "auto";
+  EXPECT_EQ(plan_memory(cfg).peak, peak);  // auto runs (and plans) Kestrel's kernels
+  cfg["attention"]["backend"] = "cudnn";
+  for (const char* recompute : {"selective", "auto"}) {
+    cfg["recompute"] = recompute;
+    try {
+      plan_memory(cfg);
+      ADD_FAILURE() << "planned attention.backend cudnn with recompute " << recompute;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("attention.backend \"cudnn\" is not modelled"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(MemoryPlan, AutoRecomputeTakesTheFastestThatFits) {
   json cfg = config_file("llama_1b5_8k.json");
   cfg["recompute"] = "auto";

@@ -80,6 +80,13 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     mc.vision_config.num_hidden_layers = 0;
   }
   const RunConfig run = RunConfig::resolve(cfg);
+  // The cuDNN attention backward's workspace holds the engine workspace that cuDNN's heuristics pick
+  // on the device at run time; without it any figure would be a guess (the planner models Kestrel's
+  // kernels, which "auto" runs).
+  KESTREL_CHECK(run.attention_backend != AttentionBackend::Cudnn, "plan",
+                "attention.backend \"cudnn\" is not modelled by the memory planner (its backward workspace "
+                "depends on the engine cuDNN picks at run time); plan with attention.backend \"auto\" or "
+                "\"kestrel\", or give recompute and mlp_tile_tokens explicitly instead of \"auto\"");
   const bool on_cuda = run.on_cuda();
   const DType dtype = run.dtype;
   const RecomputePolicy policy = run.recompute;
