@@ -101,7 +101,7 @@ json default_train_config() {
         // SwiGLU's in its own pass, the norms' right after them): the same bits; false for A/Bs.
         {"fused_casts", true}}},
       // The decoder's attention implementation (kestrel/ops/attention.h AttentionBackend): "auto"
-      // (cuDNN where it measures faster, else Kestrel's kernels), "kestrel" or "cudnn".
+      // (the measured rule of ops/cuda/attention_backend.cpp: Kestrel's kernels today), "kestrel" or "cudnn".
       {"attention", {{"backend", "auto"}}},
       {"memory_budget", mem.budget > 0 ? size_text(mem.budget) : ""},
       {"memory",

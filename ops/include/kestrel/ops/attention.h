@@ -108,8 +108,8 @@ BlockMask block_mask_from_dense(const Tensor& mask);
 //            workspace comes from the caching allocator (Workspace), its handle's and kernels' device
 //            memory is charged as External. Chosen for a call it cannot run, it throws naming why
 //            (also in a build without cuDNN).
-//   Auto:    Cudnn where it can run and measures faster (the rule in ops/cuda/attention_backend.cpp),
-//            else Kestrel.
+//   Auto:    the measured rule in ops/cuda/attention_backend.cpp: Kestrel everywhere today (cuDNN is
+//            ahead alone at head dim 128 but was slower inside the training step; bench/RESULTS.md).
 // The forward and the backward each choose (a backward may run on the other backend: both use the
 // same lse). Config key: attention.backend = "auto" | "kestrel" | "cudnn".
 enum class AttentionBackend { Auto, Kestrel, Cudnn };
