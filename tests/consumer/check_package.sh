@@ -40,14 +40,20 @@ cmake --build "$tmp/consumer"
 echo "[package] consumer via pkg-config"
 export PKG_CONFIG_PATH=$lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 cflags=$(pkg-config --cflags kestrel)
-n=0
-for h in $(cd "$prefix/include" && find kestrel -name '*.h' -not -path 'kestrel/cuda/*' | sort); do
-  printf '#include <%s>\n#include <%s>\n' "$h" "$h" >"$tmp/one_header.cpp"  # twice: include guards too
+# One compiler per core (the headers are independent; one by one this was most of the step).
+check_header() {  # $1: the header, relative to include/
+  local src=$tmp/header_${1//\//_}.cpp
+  printf '#include <%s>\n#include <%s>\n' "$1" "$1" >"$src"  # twice: include guards too
   # shellcheck disable=SC2086
-  ${CXX:-c++} -std=c++20 -fsyntax-only $cflags "$tmp/one_header.cpp" ||
-    { echo "[package] installed header $h does not compile on its own"; exit 1; }
-  n=$((n + 1))
-done
+  ${CXX:-c++} -std=c++20 -fsyntax-only $cflags "$src" ||
+    { echo "[package] installed header $1 does not compile on its own"; return 1; }
+}
+export -f check_header
+export tmp cflags
+headers=$(cd "$prefix/include" && find kestrel -name '*.h' -not -path 'kestrel/cuda/*' | sort)
+n=$(printf '%s\n' "$headers" | grep -c .)
+printf '%s\n' "$headers" | xargs -P "$(nproc)" -n 1 bash -c 'check_header "$0"' ||
+  { echo "[package] installed headers do not compile on their own (above)"; exit 1; }
 echo "[package] $n installed headers compile on their own; kestrel/cuda/: $(ls "$prefix/include/kestrel/cuda" 2>/dev/null | tr '\n' ' ')"
 flags=$(pkg-config --cflags --libs kestrel)
 echo "pkg-config --cflags --libs kestrel: $flags"
