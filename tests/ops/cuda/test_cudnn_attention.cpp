@@ -21,6 +21,8 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/runtime/memory_trace.h"
+#include "ops/cuda/attention_case_util.h"
+#include "support/errors.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 
@@ -34,25 +36,13 @@ struct Case {
   bool causal;
 };
 
-Tensor cu_from(const std::vector<int64_t>& lens) {
-  std::vector<int64_t> cu{0};
-  for (int64_t l : lens) cu.push_back(cu.back() + l);
-  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
-}
-int64_t sum_of(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
-int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
-
-// The flash tests' budgets (test_flash_attention.cu): P and dS rounded to the input precision.
-double tol_out(DType t) { return t == DType::BF16 ? 1e-2 : 4e-3; }
-double tol_grad(DType t) { return t == DType::BF16 ? 2e-2 : 8e-3; }
-
-struct Outputs {
-  Tensor out, lse, dq, dk, dv;  // CPU, f32
-};
+using testing::cu_from;
+using testing::error_of;
+using testing::max_of;
+using testing::sum_of;
+using testing::tol_grad;
+using testing::tol_out;
+using Outputs = testing::AttentionOutputs;
 
 Tensor host(const Tensor& t) { return t.to(Device::cpu()).to(DType::F32); }
 
@@ -186,15 +176,6 @@ TEST(CudnnAttentionCuda, MixedBackendsAgree) {
                        (causal ? " causal" : " bidir"));
     }
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // Explicit cudnn refuses what it cannot run, naming it; Auto runs Kestrel's kernels there.

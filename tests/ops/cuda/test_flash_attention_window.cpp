@@ -22,6 +22,7 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/cuda/check.h"
+#include "ops/cuda/attention_case_util.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 
@@ -34,25 +35,12 @@ struct WindowCase {
   int64_t hq, hkv, d, window;
 };
 
-Tensor cu_from(const std::vector<int64_t>& lens) {
-  std::vector<int64_t> cu{0};
-  for (int64_t l : lens) cu.push_back(cu.back() + l);
-  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
-}
-int64_t sum_of(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
-int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
-
-// Same budgets as test_flash_attention.cu: P and dS are rounded to the input precision in the kernels.
-double tol_out(DType t) { return t == DType::BF16 ? 1e-2 : 4e-3; }
-double tol_grad(DType t) { return t == DType::BF16 ? 2e-2 : 8e-3; }
-
-struct Outputs {
-  Tensor out, lse, dq, dk, dv;  // CPU, f32
-};
+using testing::cu_from;
+using testing::max_of;
+using testing::sum_of;
+using testing::tol_grad;
+using testing::tol_out;
+using Outputs = testing::AttentionOutputs;
 
 Outputs run_op(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const WindowCase& c, Device dev) {
   Tensor qd = q.to(dev).set_requires_grad(true), kd = k.to(dev).set_requires_grad(true);
