@@ -19,11 +19,19 @@
 // attention (AttentionBackend::Cudnn through the attention kernel slots: cached plan, workspace from
 // the caching allocator, metadata kernel included), so one binary measures both backends; the Auto
 // rule in ops/cuda/attention_backend.cpp is written from these two tables.
+// BM_attention_backends_step_packs: the 1.5B training step's attention replayed: 9 packs of 8192
+// tokens, each 2-5 documents of 1024-8192 tokens (8 long-tailed from a fixed seed, then B 2 / S 6144,
+// the bucket seen in the slow step), GQA 32/8, causal,
+// fwd+bwd of every pack per iteration (so several plan buckets), Kestrel and cuDNN (with the plan
+// choice First or Fastest). After the timing each pack's fwd and bwd are timed alone, and for cuDNN
+// the plans built are printed (engines considered, their times, the one chosen), all to stderr.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <set>
 #include <cstring>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -31,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include "bench_common.cuh"
+#include "cuda/attention_backend.h"
 #include "cuda/flash_attention/flash_attention.h"
 #include "kernels/attention.h"
 #include "kestrel/cuda/check.h"
@@ -194,6 +203,145 @@ void BM_attention_backends(benchmark::State& state) {
                         backend, state.range(2) != 0);
 }
 
+// A training step's packs: kPackTokens tokens split into 2-5 documents of at least kMinDoc tokens,
+// the split long-tailed (each document's share of what is left above kMinDoc drawn log-uniformly over
+// a factor of 16), from a fixed-seed xorshift so every build replays the same packs.
+constexpr int kPackTokens = 8192, kMinDoc = 1024, kPacks = 8;
+std::vector<std::vector<int>> step_packs() {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto uniform = [&] {  // [0, 1)
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return static_cast<double>(x >> 11) / 9007199254740992.0;
+  };
+  std::vector<std::vector<int>> packs;
+  for (int i = 0; i < kPacks; ++i) {
+    const int docs = 2 + static_cast<int>(uniform() * 4);  // 2..5
+    std::vector<double> w(docs);
+    double sum = 0;
+    for (double& v : w) sum += v = std::exp(uniform() * std::log(16.0));
+    std::vector<int> lens(docs);
+    int used = 0;
+    for (int d = 0; d < docs; ++d) {
+      lens[d] = d + 1 < docs ? kMinDoc + static_cast<int>((kPackTokens - docs * kMinDoc) * w[d] / sum)
+                             : kPackTokens - used;
+      used += lens[d];
+    }
+    packs.push_back(lens);
+  }
+  packs.push_back({6000, 2192});  // the bucket cuDNN's API log showed in the slow step: B 2, S 6144
+  return packs;
+}
+
+void print_cudnn_plans(size_t from, const char* what) {
+  const auto log = kestrel::cuda_ops::cudnn_attention_plan_log(0);
+  if (log.size() <= from) return;
+  std::fprintf(stderr, "[%s] cuDNN plans built:\n%s", what,
+               kestrel::cuda_ops::format_cudnn_plan_log({log.begin() + static_cast<std::ptrdiff_t>(from), log.end()})
+                   .c_str());
+}
+
+// One iteration: fwd + bwd of every pack (q/k/v/dout shared, each pack its own cu_seqlens and
+// max_seqlen); FLOPs over the causal visible area of each document (len^2 / 2), fwd x 3.5.
+void BM_attention_backends_step_packs(benchmark::State& state) {
+  using namespace kestrel;
+  const int D = static_cast<int>(state.range(0));
+  const bool cudnn = state.range(1) != 0;
+  const auto choice = state.range(2) ? cuda_ops::CudnnPlanChoice::Fastest : cuda_ops::CudnnPlanChoice::First;
+  const int kv_heads = 8;
+  const std::vector<std::vector<int>> packs = step_packs();
+  const Device dev = Device::cuda(0);
+  cudaStream_t stream = cuda::current_stream();
+  uint32_t seed = 1;
+  auto random = [&](int64_t heads) {
+    Tensor t = Tensor::empty({kPackTokens, heads, D}, DType::BF16, dev);
+    fill_random_bf16<<<1024, 256, 0, stream>>>(t.data<uint16_t>(), static_cast<size_t>(t.numel()), seed++);
+    KESTREL_CUDA_CHECK_LAUNCH();
+    return t;
+  };
+  const Tensor q = random(kHeads), k = random(kv_heads), v = random(kv_heads), dout = random(kHeads);
+  const Tensor out = Tensor::empty(q.shape(), DType::BF16, dev),
+               lse = Tensor::empty({kPackTokens, kHeads}, DType::F32, dev);
+  const Tensor dq = Tensor::empty(q.shape(), DType::BF16, dev), dk = Tensor::empty(k.shape(), DType::BF16, dev),
+               dv = Tensor::empty(v.shape(), DType::BF16, dev);
+  std::vector<Tensor> cus;
+  std::vector<kernels::AttentionParams> params;
+  std::vector<double> pack_flops;
+  double flops = 0;
+  for (const auto& lens : packs) {
+    std::vector<int64_t> cu(lens.size() + 1, 0);
+    int longest = 0;
+    double scores = 0;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      cu[i + 1] = cu[i] + lens[i];
+      longest = std::max(longest, lens[i]);
+      scores += 0.5 * lens[i] * lens[i];
+    }
+    cus.push_back(Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32).to(dev));
+    kernels::AttentionParams p;
+    p.max_seqlen_q = p.max_seqlen_k = longest;
+    p.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+    p.causal = true;
+    p.backend = cudnn ? AttentionBackend::Cudnn : AttentionBackend::Kestrel;
+    params.push_back(p);
+    pack_flops.push_back(4.0 * scores * D * kHeads);
+    flops += 4.0 * scores * D * kHeads * 3.5;
+  }
+  auto fwd = [&](size_t i) {
+    kernels::dispatch(kernels::attention_forward, "attention", dev, out, lse, q, k, v, cus[i], cus[i], params[i]);
+  };
+  auto bwd = [&](size_t i) {
+    kernels::dispatch(kernels::attention_backward, "attention_backward", dev, dq, dk, dv, dout, q, k, v, out, lse,
+                      cus[i], cus[i], params[i]);
+  };
+  auto step = [&] {
+    for (size_t i = 0; i < packs.size(); ++i) {
+      fwd(i);
+      bwd(i);
+    }
+  };
+  const cuda_ops::CudnnPlanChoice saved = cuda_ops::cudnn_plan_choice();
+  cuda_ops::set_cudnn_plan_choice(choice);
+  const size_t log_from = cuda_ops::cudnn_attention_plan_log(0).size();
+  const std::string name =
+      (cudnn ? std::string("cudnn ") + cuda_ops::cudnn_plan_choice_name(choice) : std::string("kestrel")) + " D " +
+      std::to_string(D);
+  static std::set<std::string> printed;  // google-benchmark reruns a case while it sizes the iterations
+  const bool print = printed.insert(name).second;
+  try {
+    kestrel::bench::time_with_events(state, step, stream, 2);  // warm-up: plan builds (and timing), module load
+    if (print) {  // each pack alone (mean of 3), fwd and bwd separately: which bucket is slow, if one is
+      cudaEvent_t e[3];
+      for (cudaEvent_t& ev : e) KESTREL_CUDA_CHECK(cudaEventCreate(&ev));
+      for (size_t i = 0; i < packs.size(); ++i) {
+        KESTREL_CUDA_CHECK(cudaEventRecord(e[0], stream));
+        for (int r = 0; r < 3; ++r) fwd(i);
+        KESTREL_CUDA_CHECK(cudaEventRecord(e[1], stream));
+        for (int r = 0; r < 3; ++r) bwd(i);
+        KESTREL_CUDA_CHECK(cudaEventRecord(e[2], stream));
+        KESTREL_CUDA_CHECK(cudaEventSynchronize(e[2]));
+        float f_ms = 0, b_ms = 0;
+        KESTREL_CUDA_CHECK(cudaEventElapsedTime(&f_ms, e[0], e[1]));
+        KESTREL_CUDA_CHECK(cudaEventElapsedTime(&b_ms, e[1], e[2]));
+        f_ms /= 3, b_ms /= 3;
+        std::string lens;
+        for (size_t j = 0; j < packs[i].size(); ++j) lens += (j ? "," : "") + std::to_string(packs[i][j]);
+        std::fprintf(stderr, "[%s] pack %zu [%s] max %lld: fwd %.3f ms (%.0f TFLOP/s) bwd %.3f ms (%.0f TFLOP/s)\n",
+                     name.c_str(), i, lens.c_str(), static_cast<long long>(params[i].max_seqlen_q), f_ms,
+                     pack_flops[i] / (f_ms * 1e-3) * 1e-12, b_ms, 2.5 * pack_flops[i] / (b_ms * 1e-3) * 1e-12);
+      }
+      for (cudaEvent_t& ev : e) cudaEventDestroy(ev);
+    }
+  } catch (const Error& err) {
+    cuda_ops::set_cudnn_plan_choice(saved);
+    state.SkipWithError(err.what());
+    return;
+  }
+  cuda_ops::set_cudnn_plan_choice(saved);
+  if (cudnn) print_cudnn_plans(log_from, name.c_str());  // only the run that built them has any
+  state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(name + " gqa causal fwd+bwd, " + std::to_string(packs.size()) + " packs");
+}
+
 void BM_cudnn_attention(benchmark::State& state) {
   bench_cudnn_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
                         state.range(2) != 0, state.range(3) != 0);
@@ -225,6 +373,18 @@ void backend_args(benchmark::internal::Benchmark* bm) {
   bm->ArgNames({"D", "kv_heads", "step_mix", "cudnn"});
 }
 BENCHMARK(BM_attention_backends)->Apply(backend_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+void step_pack_args(benchmark::internal::Benchmark* bm) {
+  for (int d : {64, 128}) {
+    bm->Args({d, 0, 0});
+    for (int fastest : {0, 1}) bm->Args({d, 1, fastest});
+  }
+  bm->ArgNames({"D", "cudnn", "fastest"});
+}
+BENCHMARK(BM_attention_backends_step_packs)
+    ->Apply(step_pack_args)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2);
 void deterministic_args(benchmark::internal::Benchmark* bm) {
   for (int d : {64, 128})
     for (int t : {4096, 8192, 16384}) bm->Args({t, d});

@@ -2,6 +2,7 @@
 // and the Auto rule.
 #include "cuda/attention_backend.h"
 
+#include <atomic>
 #include <cstdint>
 #include <sstream>
 
@@ -68,17 +69,52 @@ bool cudnn_attention_preferred(const kernels::AttentionParams& p, const Tensor& 
 bool use_cudnn_attention(const kernels::AttentionParams& p, const Tensor& q, const Tensor& k,
                          const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, bool backward) {
   if (p.backend == AttentionBackend::Kestrel) return false;
-  const std::string why = cudnn_attention_unsupported(p, q, k, cu_seqlens_q, cu_seqlens_k, backward);
   if (p.backend == AttentionBackend::Cudnn) {
+    const std::string why = cudnn_attention_unsupported(p, q, k, cu_seqlens_q, cu_seqlens_k, backward);
     KESTREL_CHECK(why.empty(), "attention", "backend cudnn (attention.backend) cannot run this ",
                   backward ? "backward" : "forward", ": ", why, "; use backend kestrel or auto");
     return true;
   }
-  return why.empty() && cudnn_attention_preferred(p, q, k, backward);
+  // Auto: the rule first (a function of the shape and device), the reasons only where it says cuDNN.
+  return cudnn_attention_preferred(p, q, k, backward) &&
+         cudnn_attention_unsupported(p, q, k, cu_seqlens_q, cu_seqlens_k, backward).empty();
+}
+
+namespace {
+std::atomic<CudnnPlanChoice> g_plan_choice{CudnnPlanChoice::Fastest};
+}  // namespace
+
+void set_cudnn_plan_choice(CudnnPlanChoice choice) { g_plan_choice.store(choice); }
+CudnnPlanChoice cudnn_plan_choice() { return g_plan_choice.load(); }
+const char* cudnn_plan_choice_name(CudnnPlanChoice choice) {
+  return choice == CudnnPlanChoice::First ? "first" : "fastest";
+}
+
+std::string format_cudnn_plan_log(const std::vector<CudnnPlanRecord>& log) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(3);
+  for (const CudnnPlanRecord& r : log) {
+    o << (r.backward ? "bwd " : "fwd ") << r.dtype << " B " << r.b << " Hq " << r.hq << " Hkv " << r.hkv << " D "
+      << r.d << " S " << r.sq << "/" << r.sk << (r.causal ? " causal " : " bidir ")
+      << cudnn_plan_choice_name(r.choice) << " (docs " << r.docs << ", " << r.tokens_q << " tokens, max "
+      << r.max_seqlen_q << "):";
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      const CudnnPlanCandidate& c = r.candidates[i];
+      o << (i ? ", " : " ") << "engine " << c.engine << " [" << c.knobs << "] " << c.heuristics << " ws "
+        << c.workspace_bytes << " ";
+      if (c.ms >= 0) o << c.ms << " ms";
+      else o << (c.ms == -2 ? "failed" : c.ms == -3 ? "skipped (workspace)" : "untimed");
+      if (static_cast<int>(i) == r.chosen) o << " *";
+    }
+    o << "\n";
+  }
+  return o.str();
 }
 
 #if !KESTREL_WITH_CUDNN
 int64_t cudnn_attention_external_bytes(int) { return 0; }
+std::vector<CudnnPlanRecord> cudnn_attention_plan_log(int) { return {}; }
 #endif
 
 }  // namespace kestrel::cuda_ops

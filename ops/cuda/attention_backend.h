@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kestrel/runtime/tensor.h"
@@ -35,6 +36,51 @@ bool cudnn_attention_preferred(const kernels::AttentionParams& p, const Tensor& 
 // Device memory the cuDNN backend's handle and loaded kernels took on `device` (the rise of External
 // measured around cudnnCreate and each new plan's first run; 0 before first use or without cuDNN).
 int64_t cudnn_attention_external_bytes(int device);
+
+// How the cuDNN backend picks the execution plan it builds for a new shape bucket (forward and
+// backward alike). Process-wide; a plan is cached per choice, so switching builds fresh plans.
+// Fastest costs one host sync and a few extra runs per bucket, once; timing noise may pick another
+// engine in another process (results then differ in the last bits between runs); First does not.
+enum class CudnnPlanChoice {
+  First,    // the first engine config of heuristics mode A that finalises, untimed
+  Fastest,  // up to kCudnnPlanCandidates configs (mode A, then FALLBACK), each run once and then timed
+            // over kCudnnPlanTimedRuns runs on the building call's own buffers; the fastest is kept.
+            // Candidates after the first whose workspace exceeds both the first's and
+            // kCudnnPlanMaxWorkspace are not run (logged as skipped).
+};
+constexpr int kCudnnPlanCandidates = 8;
+constexpr int kCudnnPlanTimedRuns = 3;
+constexpr int64_t kCudnnPlanMaxWorkspace = int64_t{256} << 20;
+void set_cudnn_plan_choice(CudnnPlanChoice choice);
+CudnnPlanChoice cudnn_plan_choice();  // Fastest unless set
+const char* cudnn_plan_choice_name(CudnnPlanChoice choice);  // "first" / "fastest"
+
+// One plan the cuDNN backend built: its bucket, the call that built it, every candidate considered.
+struct CudnnPlanCandidate {
+  int64_t engine = -1;          // CUDNN_ATTR_ENGINE_GLOBAL_INDEX (-1: cuDNN did not say)
+  std::string knobs;            // knob choices "type=value ..." (cudnnBackendKnobType_t numbers)
+  std::string heuristics;       // "A" or "fallback"
+  int64_t workspace_bytes = 0;  // the plan's own workspace
+  double ms = -1;  // mean of the timed runs; -1: not timed (First, a lone candidate, a captured stream);
+                   // -2: failed to run; -3: skipped for its workspace
+};
+struct CudnnPlanRecord {
+  bool backward = false;
+  std::string dtype;                                      // "bf16" / "f16"
+  int64_t b = 0, hq = 0, hkv = 0, d = 0, sq = 0, sk = 0;  // the bucket (B, S rounded up)
+  bool causal = false;
+  CudnnPlanChoice choice = CudnnPlanChoice::Fastest;
+  int64_t docs = 0, tokens_q = 0, max_seqlen_q = 0;  // the call that built the plan
+  std::vector<CudnnPlanCandidate> candidates;        // in the heuristics' order
+  int chosen = -1;                                   // index into candidates (-1: not chosen yet)
+};
+
+// The plans built on `device` so far, oldest first (empty before first use or without cuDNN).
+std::vector<CudnnPlanRecord> cudnn_attention_plan_log(int device);
+// One line per record, e.g. "bwd bf16 B 2 Hq 32 Hkv 8 D 64 S 6144/6144 causal fastest (docs 2, 8192
+// tokens, max 6000): engine 8 [24=3 40=128] A ws 4096 1.234 ms *, engine 8 [24=1 40=64] A ws 0
+// 1.502 ms, ..." (knobs in brackets, the proposing heuristics, workspace bytes; the chosen starred).
+std::string format_cudnn_plan_log(const std::vector<CudnnPlanRecord>& log);
 
 #if KESTREL_WITH_CUDNN
 // The cuDNN slots: same contracts as kernels::AttentionForwardFn / AttentionBackwardFn (contiguous

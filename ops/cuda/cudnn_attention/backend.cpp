@@ -3,8 +3,10 @@
 // documented way to bind a graph to a handle; the warnings are silenced here, in one place.
 #include "cuda/cudnn_attention/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "kestrel/runtime/error.h"
 
@@ -133,27 +135,22 @@ T GraphBuilder::reshape(T x, T y) {
   return y;
 }
 
-std::unique_ptr<Desc> GraphBuilder::build_plan(cudnnHandle_t handle, const char* name, int64_t* workspace) {
-  graph_ = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  std::vector<cudnnBackendDescriptor_t> ops;
-  for (const auto& op : ops_) ops.push_back(op->get());
-  graph_->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-              ops.data(), "operation graph ops");
-  graph_->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph handle");
-  graph_->finalize(name);
+namespace {
 
+// The engine configs heuristics `mode` proposes for `graph`, in its order; none where the
+// heuristics do not finalise (FALLBACK may not cover a graph mode A does) and mode A was not asked.
+std::vector<std::unique_ptr<Desc>> heuristic_configs(const Desc& graph, cudnnBackendHeurMode_t mode, const char* name) {
   Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph_, "heuristics graph");
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
   heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-  heur.finalize("engine heuristics finalize");
+  std::vector<std::unique_ptr<Desc>> configs;
+  if (mode == CUDNN_HEUR_MODE_A) heur.finalize("engine heuristics finalize");
+  else if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) return configs;
   int64_t count = 0;
   check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
                                  nullptr),
         "engine heuristics result count");
-  KESTREL_CHECK(count > 0, "attention", "cuDNN: no engine for the ", name,
-                " graph (run with CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr for cuDNN's log)");
-  std::vector<std::unique_ptr<Desc>> configs;
+  if (count == 0) return configs;
   std::vector<cudnnBackendDescriptor_t> raw;
   for (int64_t i = 0; i < count; ++i) {
     configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
@@ -162,24 +159,94 @@ std::unique_ptr<Desc> GraphBuilder::build_plan(cudnnHandle_t handle, const char*
   int64_t got = 0;
   check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
                                  raw.data()),
-        "engine heuristics results");
-  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
-  for (int64_t i = 0; i < got; ++i) {
-    auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan handle");
-    plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i], "execution plan engine config");
-    last = plan->try_finalize();
-    if (last != CUDNN_STATUS_SUCCESS) continue;
-    int64_t ws = 0, n = 0;
-    check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
-          "execution plan workspace size");
-    *workspace = ws;
-    for (auto& c : configs) aux_.push_back(std::move(c));
-    return plan;
+        name);
+  configs.resize(static_cast<size_t>(std::min(got, count)));
+  return configs;
+}
+
+// The config's engine (CUDNN_ATTR_ENGINE_GLOBAL_INDEX) and knob choices, for the plan log; best
+// effort (-1 / "?" where cuDNN does not say).
+void describe_config(const Desc& config, PlanCandidate* c) {
+  int64_t n = 0;
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t e = engine.get();
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
+          CUDNN_STATUS_SUCCESS &&
+      n == 1) {
+    int64_t index = -1;
+    if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
+        CUDNN_STATUS_SUCCESS)
+      c->engine = index;
   }
+  std::vector<std::unique_ptr<Desc>> choices;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+    choices.push_back(std::make_unique<Desc>(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
+    raw.push_back(choices.back()->get());
+  }
+  std::ostringstream knobs;
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                               static_cast<int64_t>(raw.size()), &n, raw.data()) != CUDNN_STATUS_SUCCESS)
+    n = -1;
+  for (int64_t i = 0; i < n && i < static_cast<int64_t>(raw.size()); ++i) {
+    cudnnBackendKnobType_t type{};
+    int64_t value = 0, m = 0;
+    if (i) knobs << ' ';
+    if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &m, &type) ==
+            CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &m, &value) ==
+            CUDNN_STATUS_SUCCESS)
+      knobs << static_cast<int>(type) << '=' << value;
+    else
+      knobs << '?';
+  }
+  c->knobs = n < 0 ? std::string("?") : knobs.str();
+}
+
+}  // namespace
+
+std::vector<PlanCandidate> GraphBuilder::build_plans(cudnnHandle_t handle, const char* name, int max_plans) {
+  graph_ = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const auto& op : ops_) ops.push_back(op->get());
+  graph_->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
+              ops.data(), "operation graph ops");
+  graph_->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph handle");
+  graph_->finalize(name);
+
+  std::vector<PlanCandidate> plans;
+  int64_t tried = 0;
+  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (static_cast<int>(plans.size()) >= max_plans) break;
+    for (auto& config : heuristic_configs(*graph_, mode, "engine heuristics results")) {
+      if (static_cast<int>(plans.size()) >= max_plans) break;
+      PlanCandidate c;
+      describe_config(*config, &c);
+      const bool taken = std::any_of(plans.begin(), plans.end(), [&](const PlanCandidate& p) {
+        return c.engine >= 0 && p.engine == c.engine && p.knobs == c.knobs;
+      });
+      if (taken) continue;
+      ++tried;
+      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan handle");
+      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *config, "execution plan engine config");
+      last = plan->try_finalize();
+      if (last != CUDNN_STATUS_SUCCESS) continue;
+      int64_t n = 0;
+      check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                     &c.workspace),
+            "execution plan workspace size");
+      c.heuristics = mode == CUDNN_HEUR_MODE_A ? "A" : "fallback";
+      c.config = std::move(config);
+      c.plan = std::move(plan);
+      plans.push_back(std::move(c));
+    }
+  }
+  if (!plans.empty()) return plans;
   char msg[512] = {0};
   cudnnGetLastErrorString(msg, sizeof msg);
-  throw make_error("attention", "cuDNN: none of the ", got, " engine configs of the ", name,
+  throw make_error("attention", "cuDNN: none of the ", tried, " engine configs of the ", name,
                    " graph finalised an execution plan (last status ", cudnnGetErrorString(last), ": ", msg,
                    "); run with CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr for cuDNN's log");
 }

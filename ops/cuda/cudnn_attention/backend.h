@@ -1,7 +1,8 @@
 // A thin C++ layer over cuDNN's C backend API (cudnn_graph.h): RAII descriptors, 4-D tensor
 // descriptors, the operations the SDPA graph pattern uses (matmul, pointwise, reduction, reshape),
-// and turning an operation graph into the first execution plan that finalises (engine heuristics,
-// CUDNN_HEUR_MODE_A). No cudnn-frontend: the graphs in graphs.cpp are written against this.
+// and turning an operation graph into candidate execution plans (the engine configs of heuristics
+// CUDNN_HEUR_MODE_A, then CUDNN_HEUR_MODE_FALLBACK, that finalise; the caller picks one). No
+// cudnn-frontend: the graphs in graphs.cpp are written against this.
 #pragma once
 
 #include <cudnn_graph.h>
@@ -48,6 +49,15 @@ struct TensorRef {
 };
 using T = const TensorRef*;
 
+// One finalised execution plan and what it runs.
+struct PlanCandidate {
+  std::unique_ptr<Desc> config, plan;
+  int64_t workspace = 0;        // the plan's own workspace, bytes
+  int64_t engine = -1;          // CUDNN_ATTR_ENGINE_GLOBAL_INDEX (-1: not readable)
+  std::string knobs;            // the config's knob choices, "type=value" (cudnnBackendKnobType_t numbers)
+  const char* heuristics = "";  // "A" or "fallback": the heuristics mode that proposed it
+};
+
 // Builds one operation graph. Tensors and operations live as long as the builder (an execution plan
 // built from it keeps the builder alive too).
 class GraphBuilder {
@@ -70,10 +80,12 @@ class GraphBuilder {
   T reduction(cudnnReduceTensorOp_t op, T x, T y);
   T reshape(T x, T y);
 
-  // The operation graph over every operation added, its heuristics (mode A) and the first engine
-  // config whose execution plan finalises. Throws, naming the graph and cuDNN's last error, when
-  // none does. workspace: the plan's workspace size in bytes.
-  std::unique_ptr<Desc> build_plan(cudnnHandle_t handle, const char* name, int64_t* workspace);
+  // The operation graph over every operation added and up to max_plans execution plans that finalise:
+  // the engine configs of heuristics mode A in their order, then, while fewer than max_plans, those
+  // of mode FALLBACK not already taken (same engine and knobs). max_plans 1: the first config of mode
+  // A that finalises (fallback only when none does). Throws, naming the graph and cuDNN's last
+  // error, when no config finalises.
+  std::vector<PlanCandidate> build_plans(cudnnHandle_t handle, const char* name, int max_plans);
 
  private:
   T add(int64_t uid, Dims dim, Dims stride, cudnnDataType_t type, bool is_virtual, bool by_value, T ragged);

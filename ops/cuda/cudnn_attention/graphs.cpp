@@ -88,9 +88,23 @@ T binary(GraphBuilder& g, cudnnPointwiseMode_t mode, T a, T b, const Dims& dim, 
   return g.pointwise(mode, a, b, nullptr, g.virt(dim, stride, out), CUDNN_DATA_FLOAT);
 }
 
+// A key-side gradient (dK = dS^T Q, dV = P^T dO; m = seq_len_kv, k = seq_len_q): MHA writes the
+// matmul straight into `grad`; GQA writes a full-head tensor (uid full_uid, in the workspace) and
+// sums it over each group of query heads into `grad`.
+void key_gradient(GraphBuilder& g, const GraphShape& s, const Layouts& l, const Common& c, T a_t, T b, T grad,
+                  int64_t full_uid, T ragged) {
+  if (s.hq == s.hkv) {
+    g.matmul(a_t, b, grad, c.seq_kv, nullptr, c.seq_q);
+    return;
+  }
+  T full = g.tensor(full_uid, l.kfull_dim, l.kfull_stride, s.io, ragged);
+  g.matmul(a_t, b, full, c.seq_kv, nullptr, c.seq_q);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, grad);
+}
+
 }  // namespace
 
-BuiltGraph build_forward_graph(cudnnHandle_t handle, const GraphShape& s) {
+BuiltGraph build_forward_graph(cudnnHandle_t handle, const GraphShape& s, int max_plans) {
   BuiltGraph r;
   r.builder = std::make_unique<GraphBuilder>();
   GraphBuilder& g = *r.builder;
@@ -120,17 +134,16 @@ BuiltGraph build_forward_graph(cudnnHandle_t handle, const GraphShape& s) {
   T p = binary(g, CUDNN_POINTWISE_DIV, e, z, l.score_dim, l.score_stride, s.io);  // bmm2's A in the io type
   // bmm2: O = P V (m = seq_len_q, k = seq_len_kv).
   g.matmul(p, v, o, c.seq_q, nullptr, c.seq_kv);
-  r.plan = g.build_plan(handle, "SDPA forward", &r.workspace);
+  r.plans = g.build_plans(handle, "SDPA forward", max_plans);
   return r;
 }
 
-BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s) {
+BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s, int max_plans) {
   BuiltGraph r;
   r.builder = std::make_unique<GraphBuilder>();
   GraphBuilder& g = *r.builder;
   const Layouts l = layouts(s);
   const Common c = common(g, s);
-  const bool gqa = s.hq != s.hkv;
   T q = g.tensor(kQ, l.q_dim, l.q_stride, s.io, c.off_q);
   T kt = g.tensor(kK, l.kt_dim, l.kt_stride, s.io, c.off_k);
   T vt = g.tensor(kV, l.kt_dim, l.kt_stride, s.io, c.off_v);
@@ -159,13 +172,7 @@ BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s) {
 
   // dV = P^T dO (GQA: per query head, then summed over each group).
   T pt = g.reshape(p, g.virt(l.scoret_dim, l.scoret_stride, s.io));
-  if (!gqa) {
-    g.matmul(pt, dout, dv, c.seq_kv, nullptr, c.seq_q);
-  } else {
-    T dv_full = g.tensor(kDVFull, l.kfull_dim, l.kfull_stride, s.io, c.off_v);
-    g.matmul(pt, dout, dv_full, c.seq_kv, nullptr, c.seq_q);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  }
+  key_gradient(g, s, l, c, pt, dout, dv, kDVFull, c.off_v);
 
   // dS = scale * P * (dO V^T - softmax_sum).
   T ds = g.matmul(dout, vt, g.virt(l.score_dim, l.score_stride, CUDNN_DATA_FLOAT), c.seq_q, c.seq_kv, nullptr);
@@ -175,13 +182,7 @@ BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s) {
 
   // dK = dS^T Q (GQA as dV).
   T dst = g.reshape(ds, g.virt(l.scoret_dim, l.scoret_stride, s.io));
-  if (!gqa) {
-    g.matmul(dst, q, dk, c.seq_kv, nullptr, c.seq_q);
-  } else {
-    T dk_full = g.tensor(kDKFull, l.kfull_dim, l.kfull_stride, s.io, c.off_k);
-    g.matmul(dst, q, dk_full, c.seq_kv, nullptr, c.seq_q);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  }
+  key_gradient(g, s, l, c, dst, q, dk, kDKFull, c.off_k);
 
   // dQ = dS K into an f32 accumulator (packed like dq, in the workspace), then cast.
   T k = g.reshape(kt, g.virt(l.k_dim, l.k_stride, s.io, c.off_k));
@@ -189,7 +190,7 @@ BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s) {
   g.matmul(ds, k, dq_accum, c.seq_q, nullptr, c.seq_kv);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq, CUDNN_DATA_FLOAT);
 
-  r.plan = g.build_plan(handle, "SDPA backward", &r.workspace);
+  r.plans = g.build_plans(handle, "SDPA backward", max_plans);
   return r;
 }
 

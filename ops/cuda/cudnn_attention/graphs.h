@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cuda/cudnn_attention/backend.h"
 
@@ -35,13 +36,13 @@ struct GraphShape {
 };
 
 struct BuiltGraph {
-  std::unique_ptr<GraphBuilder> builder;  // keeps every descriptor the plan was built from alive
-  std::unique_ptr<Desc> plan;
-  int64_t workspace = 0;  // the plan's own workspace, bytes
+  std::unique_ptr<GraphBuilder> builder;  // keeps every descriptor the plans were built from alive
+  std::vector<PlanCandidate> plans;       // GraphBuilder::build_plans; the caller keeps the one it runs
 };
 
-BuiltGraph build_forward_graph(cudnnHandle_t handle, const GraphShape& s);
+// max_plans: how many finalised plans to return (GraphBuilder::build_plans).
+BuiltGraph build_forward_graph(cudnnHandle_t handle, const GraphShape& s, int max_plans);
 // GQA (hq != hkv) adds the full-head dK / dV scratch (kDKFull / kDVFull), reduced over each group.
-BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s);
+BuiltGraph build_backward_graph(cudnnHandle_t handle, const GraphShape& s, int max_plans);
 
 }  // namespace kestrel::cuda_ops::cudnn

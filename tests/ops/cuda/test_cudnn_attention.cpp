@@ -4,11 +4,13 @@
 // and every gradient with the flash tests' dtype-tied budgets. Packs of odd lengths (not multiples
 // of 64, one-token documents), GQA 32/8 and MHA, head dims 64/128, causal and bidirectional (also
 // len_q != len_k), bf16 and f16; forward and backward on different backends; the refusals; the
-// workspace charged to the Workspace tag and the handle's memory to External. Skips without a GPU.
+// workspace charged to the Workspace tag and the handle's memory to External; both plan choices
+// (CudnnPlanChoice First / Fastest) and the plan log. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -174,6 +176,75 @@ TEST(CudnnAttentionCuda, MixedBackendsAgree) {
       expect_close(got, ref, dt,
                    std::string("fwd ") + attention_backend_name(fwd) + " bwd " + attention_backend_name(bwd) +
                        (causal ? " causal" : " bidir"));
+    }
+  }
+}
+
+// Sets the cuDNN backend's plan choice for a scope (process-wide; restored to what it was).
+struct PlanChoiceScope {
+  cuda_ops::CudnnPlanChoice saved = cuda_ops::cudnn_plan_choice();
+  explicit PlanChoiceScope(cuda_ops::CudnnPlanChoice c) { cuda_ops::set_cudnn_plan_choice(c); }
+  ~PlanChoiceScope() { cuda_ops::set_cudnn_plan_choice(saved); }
+};
+
+// Both plan choices build their own plans (the cache is keyed by the choice): the first config of
+// heuristics mode A, and the fastest of up to 8 candidates timed on the call's buffers (the timing
+// runs overwrite out / lse / dq / dk / dv, so the result must still match the reference).
+TEST(CudnnAttentionCuda, BothPlanChoicesMatchReference) {
+  KESTREL_REQUIRE_GPU();
+  for (auto choice : {cuda_ops::CudnnPlanChoice::First, cuda_ops::CudnnPlanChoice::Fastest}) {
+    PlanChoiceScope scope(choice);
+    SCOPED_TRACE(cuda_ops::cudnn_plan_choice_name(choice));
+    int i = 0;
+    for (int64_t d : {64, 128}) {
+      run_case({kSmallPack, kSmallPack, 32, 8, d, true}, i++ % 2 ? DType::F16 : DType::BF16);
+      run_case({kPack, kPack, 4, 4, d, false}, DType::BF16);
+    }
+    run_case({{3, 200, 1, 129}, {150, 7, 300, 129}, 4, 2, 64, false}, DType::F16);
+  }
+}
+
+// A call in a new bucket logs its forward and backward plans: the bucket, the engine chosen (its
+// global index), and, with Fastest, every candidate's time, the chosen one the fastest.
+TEST(CudnnAttentionCuda, PlanLogNamesTheChosenEngine) {
+  KESTREL_REQUIRE_GPU();
+  for (auto choice : {cuda_ops::CudnnPlanChoice::First, cuda_ops::CudnnPlanChoice::Fastest}) {
+    PlanChoiceScope scope(choice);
+    const size_t before = cuda_ops::cudnn_attention_plan_log(0).size();
+    const Case c{{500, 12, 300}, {500, 12, 300}, 6, 2, 96, true};  // Hq 6 / D 96: no other test's bucket
+    const Inputs in = make_inputs(c, DType::BF16);
+    run_op(in.q, in.k, in.v, in.dout, c, Device::cuda(0), AttentionBackend::Cudnn);
+    const std::vector<cuda_ops::CudnnPlanRecord> log = cuda_ops::cudnn_attention_plan_log(0);
+    ASSERT_EQ(log.size(), before + 2) << "one forward and one backward plan built";
+    const std::vector<cuda_ops::CudnnPlanRecord> added(log.begin() + static_cast<std::ptrdiff_t>(before), log.end());
+    std::printf("[cudnn attention] plan log (%s):\n%s", cuda_ops::cudnn_plan_choice_name(choice),
+                cuda_ops::format_cudnn_plan_log(added).c_str());
+    for (const cuda_ops::CudnnPlanRecord& r : added) {
+      SCOPED_TRACE(std::string(r.backward ? "backward " : "forward ") + cuda_ops::cudnn_plan_choice_name(choice));
+      EXPECT_EQ(r.choice, choice);
+      EXPECT_EQ(r.dtype, "bf16");
+      EXPECT_EQ(r.hq, 6);
+      EXPECT_EQ(r.hkv, 2);
+      EXPECT_EQ(r.d, 96);
+      EXPECT_EQ(r.b, 3);
+      EXPECT_GE(r.sq, 500);
+      EXPECT_EQ(r.docs, 3);
+      EXPECT_EQ(r.tokens_q, 812);
+      ASSERT_FALSE(r.candidates.empty());
+      ASSERT_GE(r.chosen, 0);
+      ASSERT_LT(r.chosen, static_cast<int>(r.candidates.size()));
+      const cuda_ops::CudnnPlanCandidate& got = r.candidates[static_cast<size_t>(r.chosen)];
+      EXPECT_GE(got.engine, 0) << "the chosen engine's CUDNN_ATTR_ENGINE_GLOBAL_INDEX";
+      EXPECT_NE(cuda_ops::format_cudnn_plan_log({r}).find("engine " + std::to_string(got.engine)), std::string::npos);
+      if (choice == cuda_ops::CudnnPlanChoice::First) {
+        EXPECT_EQ(r.candidates.size(), 1u);
+        EXPECT_EQ(r.chosen, 0);
+        EXPECT_EQ(got.heuristics, "A");
+      } else if (r.candidates.size() > 1) {
+        EXPECT_GT(got.ms, 0) << "the chosen plan was timed";
+        for (const cuda_ops::CudnnPlanCandidate& other : r.candidates)
+          if (other.ms >= 0) EXPECT_LE(got.ms, other.ms);
+      }
     }
   }
 }
