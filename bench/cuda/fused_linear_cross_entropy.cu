@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <array>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -156,23 +157,30 @@ void BM_FusedLinearCrossEntropy(benchmark::State& state) {
   state.counters["loss"] = l;
 }
 
-// What a training step runs (ops/cuda/cross_entropy.cu): the forward (loss + lse, no gradients) and
-// then the backward from the lse (logits recomputed per vocabulary chunk; d_hidden bf16 through an f32
-// accumulator; d_weight bf16 written by its GEMM). FLOPs 8NHV (logits twice, d_hidden, d_weight).
-// Extra memory: the larger of the two workspaces (the outputs are the gradients themselves).
+// What a training step runs (ops/cuda/cross_entropy.cu), both ways of train.loss_gradient:
+//   mode 0 "lse_backward": the forward (loss + lse, no gradients), then the backward from the lse (logits
+//     recomputed per vocabulary chunk; d_hidden bf16 through an f32 accumulator; d_weight bf16 written by
+//     its GEMM). FLOPs 8NHV (logits twice, d_hidden, d_weight).
+//   mode 1 "single_pass" (the default, known_grad): loss + both gradients in one launcher call under the
+//     op's 1 GiB bound, d_weight bf16 added into a held gradient by each token chunk. FLOPs 6NHV.
+// Both report 6NHV-based TFLOP/s too (the work a step needs), so the two rows compare directly.
+// Extra memory: the larger workspace of the call(s) (the outputs are the gradients themselves).
 struct StepRow {
   double fwd_ms = 0, bwd_ms = 0, total_ms = 0, fwd_ws_gib = 0, bwd_ws_gib = 0;
+  int64_t token_chunks = 1;
 };
-std::map<int64_t, StepRow> g_step;
+std::map<std::pair<int64_t, int>, StepRow> g_step;
 
 void BM_FusedCrossEntropyTrainingStep(benchmark::State& state) {
   const int64_t v = state.range(0);
+  const int mode = int(state.range(1));
   auto& c = ctx();
   DeviceBytes x(kTokens * kHidden * 2), w(size_t(v) * kHidden * 2), labels(kTokens * 8), loss(4), lse(kTokens * 4),
       one(4), dh(kTokens * kHidden * 2), dw(size_t(v) * kHidden * 2);
   fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(x.ptr), kTokens * kHidden, 1, 1.0f);
   fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(w.ptr), size_t(v) * kHidden, 2, 0.03f);
   fill_labels<<<64, 256, 0, c.stream>>>(static_cast<int64_t*>(labels.ptr), kTokens, v, 3);
+  KESTREL_CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes, c.stream));
   KESTREL_CUDA_CHECK_LAUNCH();
   const float up = 1.0f;
   KESTREL_CUDA_CHECK(cudaMemcpy(one.ptr, &up, 4, cudaMemcpyHostToDevice));
@@ -180,41 +188,54 @@ void BM_FusedCrossEntropyTrainingStep(benchmark::State& state) {
   f.dtype = DType::BF16; f.tokens = kTokens; f.hidden = kHidden; f.vocab = v;
   f.hidden_states = x.ptr; f.weight = w.ptr; f.labels = static_cast<int64_t*>(labels.ptr);
   f.loss = static_cast<float*>(loss.ptr);
-  f.lse = static_cast<float*>(lse.ptr);
-  kc::pick_fused_linear_cross_entropy_chunks(f, size_t(1) << 30).apply_to(f);  // as the op's forward
-  const size_t fwd_bytes = kc::fused_linear_cross_entropy_workspace_bytes(f);
   kc::FusedLinearCrossEntropyParams b = f;
-  b.lse = nullptr;
   b.upstream_grad = static_cast<const float*>(one.ptr);
   b.d_hidden = dh.ptr;
   b.d_weight = dw.ptr;
   b.d_weight_f32 = false;
-  b.token_chunk = b.vocab_chunk = 0;
-  const size_t bwd_bytes = kc::fused_linear_cross_entropy_backward_workspace_bytes(b);
+  std::function<void()> fwd, bwd;
+  size_t fwd_bytes = 0, bwd_bytes = 0;
+  if (mode == 0) {
+    f.lse = static_cast<float*>(lse.ptr);
+    kc::pick_fused_linear_cross_entropy_chunks(f, size_t(1) << 30).apply_to(f);  // as the op's forward
+    fwd_bytes = kc::fused_linear_cross_entropy_workspace_bytes(f);
+    bwd_bytes = kc::fused_linear_cross_entropy_backward_workspace_bytes(b);
+  } else {
+    b.accumulate_d_weight = true;  // a later micro-batch: added into the held gradient
+    kc::pick_fused_linear_cross_entropy_chunks(b, size_t(1) << 30).apply_to(b);  // as the op's forward_backward
+    fwd_bytes = kc::fused_linear_cross_entropy_workspace_bytes(b);
+  }
   DeviceBytes ws(std::max(fwd_bytes, bwd_bytes));
-  auto fwd = [&] { kc::fused_linear_cross_entropy(f, ws.ptr, fwd_bytes, c.lt, c.stream); };
-  auto bwd = [&] {
-    kc::fused_linear_cross_entropy_backward(b, static_cast<const float*>(lse.ptr), ws.ptr, bwd_bytes, c.lt, c.stream);
-  };
+  if (mode == 0) {
+    fwd = [&] { kc::fused_linear_cross_entropy(f, ws.ptr, fwd_bytes, c.lt, c.stream); };
+    bwd = [&] {
+      kc::fused_linear_cross_entropy_backward(b, static_cast<const float*>(lse.ptr), ws.ptr, bwd_bytes, c.lt,
+                                              c.stream);
+    };
+  } else {
+    fwd = [&] { kc::fused_linear_cross_entropy(b, ws.ptr, fwd_bytes, c.lt, c.stream); };
+    bwd = [] {};
+  }
   fwd();
   bwd();
   KESTREL_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   Timer timer;
   std::vector<double> tf, tb, tt;
   for (auto _ : state) {
-    const double a = timer.ms(fwd, c.stream), d = timer.ms(bwd, c.stream);
+    const double a = timer.ms(fwd, c.stream), d = mode == 0 ? timer.ms(bwd, c.stream) : 0.0;
     state.SetIterationTime((a + d) / 1e3);
     tf.push_back(a);
     tb.push_back(d);
     tt.push_back(a + d);
   }
-  StepRow& r = g_step[v];
+  StepRow& r = g_step[{v, mode}];
   r.fwd_ms = median(tf);
   r.bwd_ms = median(tb);
   r.total_ms = median(tt);
   r.fwd_ws_gib = double(fwd_bytes) / kGiB;
   r.bwd_ws_gib = double(bwd_bytes) / kGiB;
-  state.counters["TFLOP/s"] = 8.0 * kTokens * kHidden * double(v) / (r.total_ms * 1e-3) / 1e12;
+  r.token_chunks = mode == 1 ? (kTokens + b.token_chunk - 1) / b.token_chunk : 1;
+  state.counters["TFLOP/s(6NHV)"] = 6.0 * kTokens * kHidden * double(v) / (r.total_ms * 1e-3) / 1e12;
   state.counters["workspace_GiB"] = double(std::max(fwd_bytes, bwd_bytes)) / kGiB;
 }
 
@@ -267,8 +288,11 @@ void register_all() {
       // Chunk-size study (run 2 of the notes also had 1664/15632, 2048/1024, 2752/4096, 4096/8192, loss only).
       for (auto [nc, vc] : {std::pair<int64_t, int64_t>{2752, 15632}, {2048, 4096}}) fused({v, 0, nc, vc, 1});
     }
-    benchmark::RegisterBenchmark("fused_ce_training_step/bf16", BM_FusedCrossEntropyTrainingStep)
-        ->Args({v})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
+    for (int mode : {0, 1})
+      benchmark::RegisterBenchmark(mode == 0 ? "fused_ce_training_step/bf16/lse_backward"
+                                             : "fused_ce_training_step/bf16/single_pass",
+                                   BM_FusedCrossEntropyTrainingStep)
+          ->Args({v, mode})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("cublas/bf16/3_gemms_unchunked", BM_CublasThreeGemms)
         ->Args({v})->Iterations(kIters)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
@@ -282,12 +306,16 @@ void print_summary() {
     std::printf("%8lld %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f %7.2f %8.1f\n", (long long)v, t[0], f / t[0], t[1],
                 f / t[1], t[2], f / t[2], t[3], 3 * f / t[3]);
   }
-  std::printf("\ntraining step (forward, then backward from the lse), N=%lld H=%lld bf16; FLOPs = 8NHV\n",
-              (long long)kTokens, (long long)kHidden);
-  std::printf("%8s %9s %9s %9s %8s %8s %8s\n", "V", "fwd_ms", "bwd_ms", "total_ms", "TFLOP/s", "fwdWsGiB", "bwdWsGiB");
-  for (auto& [v, r] : g_step)
-    std::printf("%8lld %9.2f %9.2f %9.2f %8.1f %8.3f %8.3f\n", (long long)v, r.fwd_ms, r.bwd_ms, r.total_ms,
-                8.0 * kTokens * kHidden * double(v) / (r.total_ms * 1e-3) / 1e12, r.fwd_ws_gib, r.bwd_ws_gib);
+  std::printf("\ntraining step, N=%lld H=%lld bf16: lse_backward (forward, then backward from the lse; 8NHV run) vs\n"
+              "single_pass (loss + gradients in the forward, d_weight bf16 added per token chunk; 6NHV run);\n"
+              "TFLOP/s over the 6NHV a step needs\n", (long long)kTokens, (long long)kHidden);
+  std::printf("%8s %-13s %9s %9s %9s %8s %8s %8s %7s\n", "V", "mode", "fwd_ms", "bwd_ms", "total_ms", "TFLOP/s",
+              "fwdWsGiB", "bwdWsGiB", "tchunks");
+  for (auto& [key, r] : g_step)
+    std::printf("%8lld %-13s %9.2f %9.2f %9.2f %8.1f %8.3f %8.3f %7lld\n", (long long)key.first,
+                key.second == 0 ? "lse_backward" : "single_pass", r.fwd_ms, r.bwd_ms, r.total_ms,
+                6.0 * kTokens * kHidden * double(key.first) / (r.total_ms * 1e-3) / 1e12, r.fwd_ws_gib, r.bwd_ws_gib,
+                (long long)r.token_chunks);
   std::printf("\nfused linear+CE, N=%lld H=%lld bf16; FLOPs = 6NHV (loss+grads) or 2NHV (fwd)\n", (long long)kTokens,
               (long long)kHidden);
   std::printf("%8s %-18s %6s %6s %4s %9s %8s %9s %6s %8s %8s %8s\n", "V", "config", "Nc", "Vc", "ltM", "fused_ms",

@@ -215,9 +215,19 @@ void backward_cpu(const Tensor& d_hidden, const Tensor& d_weight, const Tensor& 
     backward_typed<float>(d_hidden, d_weight, grad_loss, hidden, weight, labels, token_weights, lse, p);
 }
 
+// The CPU has no single pass: the forward, then the backward from its lse (scratch for this call).
+void forward_backward_cpu(const Tensor& loss, const Tensor& d_hidden, const Tensor& d_weight, const Tensor& grad_loss,
+                          const Tensor& hidden, const Tensor& weight, const Tensor& labels,
+                          const Tensor& token_weights, const kernels::CrossEntropyParams& p) {
+  Tensor lse = Tensor::empty({hidden.shape()[0]}, loss.dtype(), hidden.device());
+  forward_cpu(loss, lse, hidden, weight, labels, token_weights, p);
+  backward_cpu(d_hidden, d_weight, grad_loss, hidden, weight, labels, token_weights, lse, p);
+}
+
 }  // namespace
 
 KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_forward, cpu, forward_cpu);
+KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_forward_backward, cpu, forward_backward_cpu);
 KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_backward, cpu, backward_cpu);
 
 }  // namespace kestrel::cpu

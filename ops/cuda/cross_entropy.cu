@@ -1,5 +1,6 @@
 // CUDA fused linear + cross-entropy slots (kernels/cross_entropy.h). Forward: the launcher in
-// cuda/fused_linear_cross_entropy.h (loss and lse, no gradient buffers). Backward: the lse-based pass of
+// cuda/fused_linear_cross_entropy.h (loss and lse, no gradient buffers). Forward + backward (an upstream
+// gradient known in the forward): the same launcher with both gradients, three GEMMs. Backward: the lse-based pass of
 // fused_linear_cross_entropy_backward.cu with the upstream gradient as a device scalar (no host sync):
 // per vocabulary chunk the logits are recomputed and turned into the gradient with the saved lse; a
 // bf16/f16 d_weight is written by its GEMM directly (f32 accumulation, one rounding), and with
@@ -61,6 +62,26 @@ void forward_cuda(const Tensor& loss, const Tensor& lse, const Tensor& hidden, c
   run(f, hidden.device());
 }
 
+// The launcher's single pass (three GEMMs) with the upstream gradient as a device scalar: loss and
+// both gradients; a bf16/f16 d_weight is added into by each token chunk's GEMM (one rounding per chunk).
+void forward_backward_cuda(const Tensor& loss, const Tensor& d_hidden, const Tensor& d_weight,
+                           const Tensor& grad_loss, const Tensor& hidden, const Tensor& weight, const Tensor& labels,
+                           const Tensor& token_weights, const kernels::CrossEntropyParams& p) {
+  auto f = make_params(hidden, weight, labels, token_weights, p);
+  KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
+                "upstream gradient must be an f32 scalar, got ", grad_loss.str());
+  Tensor g = grad_loss.contiguous();
+  f.loss = static_cast<float*>(loss.data_ptr());
+  f.upstream_grad = static_cast<const float*>(g.data_ptr());
+  f.accumulate_d_weight = p.accumulate_d_weight;
+  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
+  if (d_weight.defined()) {
+    f.d_weight = d_weight.data_ptr();
+    f.d_weight_f32 = d_weight.dtype() == DType::F32;
+  }
+  run(f, hidden.device());
+}
+
 void backward_cuda(const Tensor& d_hidden, const Tensor& d_weight, const Tensor& grad_loss, const Tensor& hidden,
                    const Tensor& weight, const Tensor& labels, const Tensor& token_weights, const Tensor& lse,
                    const kernels::CrossEntropyParams& p) {
@@ -92,5 +113,6 @@ void backward_cuda(const Tensor& d_hidden, const Tensor& d_weight, const Tensor&
 
 KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_forward, cuda, forward_cuda);
 KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_backward, cuda, backward_cuda);
+KESTREL_REGISTER_KERNEL(fused_linear_cross_entropy_forward_backward, cuda, forward_backward_cuda);
 
 }  // namespace kestrel::cuda_ops

@@ -67,8 +67,9 @@ struct FusedLinearCrossEntropyParams {
   float* lse = nullptr;        // [N] f32, optional (every token, ignored ones too)
   void* d_hidden = nullptr;    // [N, H] dtype, optional: overwritten
   void* d_weight = nullptr;    // [V, H], optional: f32, or `dtype` when d_weight_f32 is false
-  // false: d_weight is in `dtype` (the GEMM accumulates in f32 and rounds once); only with a single
-  // token chunk (token_chunk >= tokens), since later chunks would add into a rounded sum.
+  // false: d_weight is in `dtype`: each token chunk's GEMM accumulates in f32 and adds its part into
+  // d_weight with one rounding (one rounding in all when the tokens are one chunk; the training op's
+  // single pass, ops/cuda/cross_entropy.cu, takes that for the f32 [V, H] buffer it saves).
   bool d_weight_f32 = true;
   bool accumulate_d_weight = false;  // false: d_weight = grad; true: d_weight += grad
   int* error_flag = nullptr;   // [1] int, optional, OR-ed with kLabel* bits

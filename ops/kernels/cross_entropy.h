@@ -39,7 +39,18 @@ using FusedLinearCrossEntropyBackwardFn = void(const Tensor& d_hidden, const Ten
                                                const Tensor& labels, const Tensor& token_weights, const Tensor& lse,
                                                const CrossEntropyParams& p);
 
+// Loss and both gradients in one call, for an upstream gradient known before the forward (the training
+// step's: the op's CrossEntropyOptions::known_grad). loss as the forward's; d_hidden / d_weight as the
+// backward's (either undefined when not wanted; accumulate_d_weight adds into d_weight). On CUDA one
+// pass of three GEMMs (the logits are not recomputed; a 16-bit d_weight is rounded once per token
+// chunk); on the CPU the forward then the backward from its lse (the same results as calling them apart).
+using FusedLinearCrossEntropyForwardBackwardFn = void(const Tensor& loss, const Tensor& d_hidden,
+                                                      const Tensor& d_weight, const Tensor& grad_loss,
+                                                      const Tensor& hidden, const Tensor& weight, const Tensor& labels,
+                                                      const Tensor& token_weights, const CrossEntropyParams& p);
+
 inline KernelSlot<FusedLinearCrossEntropyForwardFn> fused_linear_cross_entropy_forward;
+inline KernelSlot<FusedLinearCrossEntropyForwardBackwardFn> fused_linear_cross_entropy_forward_backward;
 inline KernelSlot<FusedLinearCrossEntropyBackwardFn> fused_linear_cross_entropy_backward;
 
 }  // namespace kestrel::kernels

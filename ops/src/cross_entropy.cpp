@@ -12,6 +12,7 @@
 #include "kestrel/ops/reduce.h"
 #include "kestrel/ops/shape.h"
 #include "kestrel/ops/softmax.h"
+#include "kestrel/runtime/memory.h"
 
 namespace kestrel {
 namespace ag = autograd;
@@ -84,18 +85,50 @@ Tensor fused_linear_cross_entropy(const Tensor& hidden, const Tensor& weight, co
 
   Tensor h = hidden.detach().contiguous(), w = weight.detach().contiguous();
   Tensor loss = Tensor::empty({}, ct, hidden.device());  // []
+  const bool record = ag::should_record({hidden, weight});
+  bool gh = hidden.requires_grad(), gw = weight.requires_grad();
+  // A leaf weight that already holds a gradient (gradient accumulation over micro-batches) gets this
+  // one added in place by the gradient kernel: no second [V, H] buffer, one rounding of the sum (per
+  // token chunk of the CUDA single pass). The entry then hands autograd no gradient for it; hooks still
+  // fire after this entry, as before.
+  Tensor leaf = gw && weight.is_leaf() ? weight : Tensor();
+  if (record && options.known_grad.defined() && N > 0) {
+    // The gradients now, for the upstream gradient the caller will pass (CrossEntropyOptions::known_grad).
+    const Tensor& known = options.known_grad;
+    KESTREL_CHECK(known.numel() == 1 && is_floating(known.dtype()) && known.device() == hidden.device(), kFused,
+                  "known_grad must be a floating scalar on ", hidden.device().str(), ", got ", known.str());
+    Tensor up = known.dtype() == ct ? known.detach() : known.detach().to(ct);
+    Tensor dh, dw;
+    bool in_place = false;
+    {
+      TagScope tag(MemoryTag::Gradient);  // held for (or already part of) the backward's result
+      if (gh) dh = Tensor::empty(h.shape(), h.dtype(), h.device());
+      Tensor acc = leaf.defined() ? leaf.grad() : Tensor();
+      in_place = acc.defined() && acc.is_contiguous() && acc.dtype() == w.dtype() && acc.shape() == w.shape() &&
+                 acc.device() == w.device();
+      dw = in_place ? acc : gw ? Tensor::empty(w.shape(), w.dtype(), w.device()) : Tensor();
+    }
+    kernels::CrossEntropyParams fp = p;
+    fp.accumulate_d_weight = in_place;
+    kernels::dispatch(kernels::fused_linear_cross_entropy_forward_backward, kFused, hidden.device(), loss, dh, dw, up,
+                      h, w, y, tw, fp);
+    Tensor held_dw = in_place ? Tensor() : dw;
+    ag::record(kFused, {hidden, weight}, loss, [dh, held_dw, known](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      KESTREL_CHECK(g[0].same_as(known), kFused, "the loss was given known_grad ", known.str(),
+                    " and its gradients were computed in the forward for it, but backward passed another gradient (",
+                    g[0].str(), "): pass that very tensor as the backward's seed for this loss, or leave "
+                    "CrossEntropyOptions::known_grad undefined");
+      return {dh, held_dw};
+    });
+    return loss;
+  }
   Tensor lse = Tensor::empty({N}, ct, hidden.device());  // [N]
   if (N == 0) {
     loss.zero_();
   } else {
     kernels::dispatch(kernels::fused_linear_cross_entropy_forward, kFused, hidden.device(), loss, lse, h, w, y, tw, p);
   }
-  if (!ag::should_record({hidden, weight})) return loss;
-  bool gh = hidden.requires_grad(), gw = weight.requires_grad();
-  // A leaf weight that already holds a gradient (gradient accumulation over micro-batches) gets this
-  // one added in place by the backward kernel: no second [V, H] buffer, one rounding of the sum. The
-  // entry then hands autograd no gradient for it; hooks still fire after this entry, as before.
-  Tensor leaf = gw && weight.is_leaf() ? weight : Tensor();
+  if (!record) return loss;
   ag::record(kFused, {hidden, weight}, loss, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
     Tensor dh = gh ? Tensor::empty(h.shape(), h.dtype(), h.device()) : Tensor();
     Tensor acc = leaf.defined() ? leaf.grad() : Tensor();

@@ -1,7 +1,7 @@
 // Shared by the CPU and GPU tests: the vocabulary-sized weight gradients (fused_linear_cross_entropy's
 // and embedding's) are added in place into a weight that already holds a gradient (micro-batch
 // accumulation), and the result equals the sum of the two micro-batches' gradients computed
-// separately (in f64 on the CPU).
+// separately (in f64 on the CPU); the loss's gradients computed in the forward (known_grad) equal both.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,9 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
 #include "kestrel/ops/reduce.h"
+#include "kestrel/runtime/random.h"
+#include "kestrel/autograd/grad_mode.h"
+#include "support/errors.h"
 #include "support/numerics.h"
 
 namespace kestrel::testing {
@@ -80,6 +83,70 @@ inline void expect_embedding_accumulates_in_place(Device device, DType dtype, in
     sum = mb == 0 ? wr.grad().clone() : add(sum, wr.grad());
   }
   EXPECT_LT(rel_l2(w.grad().to(Device::cpu()).to(DType::F64), sum), tol) << dtype_name(dtype) << " on " << device.str();
+}
+
+// CrossEntropyOptions::known_grad: two micro-batches whose gradients are computed in the forward for
+// the seed (1/2, as the trainer's with train.grad_accum 2) equal the backward-from-lse path's and the
+// f64 CPU reference's: the loss, d_hidden of each micro-batch and the accumulated d_weight (added in
+// place into the held gradient by the second forward). A backward handed another gradient tensor is
+// refused, even one with the same value.
+inline void expect_known_grad_matches_backward(Device device, DType dtype, int64_t n, int64_t h, int64_t v,
+                                               double tol) {
+  Tensor w0 = randn({v, h}, DType::F32, Device::cpu(), 0.05);
+  std::vector<Tensor> xs, ys;
+  for (int mb = 0; mb < 2; ++mb) {
+    xs.push_back(randn({n, h}, DType::F32, Device::cpu(), 1.0));
+    std::vector<int64_t> lab = randint({n}, v).to_int_vector();
+    lab[n / 3] = -100;  // an ignored token
+    ys.push_back(Tensor::from_vector(lab, {n}, DType::I64));
+  }
+  // path 0: gradients in the backward from the lse; path 1: in the forward (known_grad); path 2: f64 CPU.
+  std::vector<Tensor> w(3), losses[3], dhs[3];
+  for (int path = 0; path < 3; ++path) {
+    const Device d = path == 2 ? Device::cpu() : device;
+    const DType t = path == 2 ? DType::F64 : dtype;
+    w[path] = w0.to(dtype).to(t).to(d).clone();
+    w[path].set_requires_grad(true);
+    Tensor first_grad;
+    for (int mb = 0; mb < 2; ++mb) {
+      Tensor x = xs[mb].to(dtype).to(t).to(d).clone();
+      x.set_requires_grad(true);
+      Tensor seed = Tensor::full({}, 0.5, t == DType::F64 ? DType::F64 : DType::F32, d);
+      CrossEntropyOptions o;
+      if (path == 1) o.known_grad = seed;
+      Tensor loss = fused_linear_cross_entropy(x, w[path], ys[mb].to(d), Tensor(), o);
+      if (path == 1 && mb == 1) {
+        EXPECT_TRUE(w[path].grad().same_as(first_grad)) << "the second forward must add into the held gradient";
+      }
+      autograd::backward({loss}, {seed});
+      if (mb == 0) first_grad = w[path].grad();
+      losses[path].push_back(loss.to(Device::cpu()).to(DType::F64));
+      dhs[path].push_back(x.grad().to(Device::cpu()).to(DType::F64));
+    }
+  }
+  for (int path = 0; path < 2; ++path) {
+    SCOPED_TRACE(std::string(path == 0 ? "backward from lse" : "known_grad") + " " + std::string(dtype_name(dtype)) + " on " +
+                 device.str());
+    for (int mb = 0; mb < 2; ++mb) {
+      EXPECT_NEAR(losses[path][mb].to_double_vector()[0], losses[2][mb].to_double_vector()[0],
+                  1e-5 * (1 + std::abs(losses[2][mb].to_double_vector()[0])));
+      EXPECT_LT(rel_l2(dhs[path][mb], dhs[2][mb]), tol) << "d_hidden of micro-batch " << mb;
+    }
+    EXPECT_LT(rel_l2(w[path].grad().to(Device::cpu()).to(DType::F64), w[2].grad()), tol) << "d_weight";
+  }
+  // A backward with another gradient tensor is refused by name (its forward already added d_weight).
+  Tensor x = xs[0].to(dtype).to(device);
+  CrossEntropyOptions o;
+  o.known_grad = Tensor::full({}, 0.5, DType::F32, device);
+  Tensor loss = fused_linear_cross_entropy(x, w[1], ys[0].to(device), Tensor(), o);
+  const std::string err = error_of([&] { autograd::backward({loss}, {Tensor::full({}, 0.5, DType::F32, device)}); });
+  EXPECT_NE(err.find("known_grad"), std::string::npos) << err;
+  // Not recording (no grad): known_grad changes nothing, the loss is the plain forward's.
+  autograd::NoGradGuard no_grad;
+  Tensor plain = fused_linear_cross_entropy(x, w[1], ys[0].to(device), Tensor(), o);
+  EXPECT_FALSE(plain.requires_grad());
+  EXPECT_NEAR(plain.to(Device::cpu()).to_double_vector()[0], losses[2][0].to_double_vector()[0],
+              1e-5 * (1 + std::abs(losses[2][0].to_double_vector()[0])));
 }
 
 }  // namespace kestrel::testing

@@ -296,6 +296,12 @@ TEST(FusedLinearCrossEntropy, AccumulatesIntoTheHeldWeightGradient) {
   testing::expect_fused_ce_accumulates_in_place(Device::cpu(), DType::F32, 37, 24, 53, 1e-5);
   testing::expect_fused_ce_accumulates_in_place(Device::cpu(), DType::BF16, 19, 16, 29, 1e-2);
 }
+// Gradients computed in the forward for a known upstream gradient (CPU: the forward then the backward
+// kernel inside the forward call) equal the backward path's and the f64 reference.
+TEST(FusedLinearCrossEntropy, KnownGradComputesTheGradientsInTheForward) {
+  testing::expect_known_grad_matches_backward(Device::cpu(), DType::F32, 23, 16, 41, 1e-5);
+  testing::expect_known_grad_matches_backward(Device::cpu(), DType::BF16, 17, 16, 29, 1e-2);
+}
 TEST(Embedding, AccumulatesIntoTheHeldWeightGradient) {
   testing::expect_embedding_accumulates_in_place(Device::cpu(), DType::F32, 50, 12, 17, 1e-6);
   testing::expect_embedding_accumulates_in_place(Device::cpu(), DType::BF16, 50, 12, 17, 1e-2);

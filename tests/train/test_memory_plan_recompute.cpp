@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "kestrel/models/config.h"
 #include "kestrel/train/memory_plan.h"
@@ -210,6 +212,39 @@ TEST(Trainer, SelectiveRecomputeTrainsLikeNoRecompute) {
   ASSERT_EQ(losses[0].size(), 4u);
   EXPECT_EQ(losses[1], losses[0]);
   EXPECT_EQ(losses[2], losses[0]);
+  fs::remove_all(dir);
+}
+
+// train.loss_gradient: the loss head's gradients in the forward (for the seed handed to it) or in the
+// backward (from the saved lse). On the CPU both run the same kernels, so the runs are bitwise equal:
+// losses and gradient norms, untied (lm_head leaf) and tied, with accumulation (in-place adds).
+TEST(Trainer, LossGradientInTheForwardTrainsLikeInTheBackward) {
+  std::string dir = testing::fresh_temp_dir("kestrel_lossgrad", "train");
+  for (bool tied : {false, true}) {
+    json text = {{"model_type", "qwen2"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 48},
+                 {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                 {"tie_word_embeddings", tied}};
+    std::vector<std::vector<double>> losses, norms;
+    for (const char* where : {"backward", "forward"}) {
+      json cfg = testing::tiny_decoder_run(dir, text, 200, 7, /*seq_len=*/48, /*batch=*/3, "cpu");
+      cfg["train"]["steps"] = 3;
+      cfg["train"]["grad_accum"] = 2;
+      cfg["train"]["loss_gradient"] = where;
+      cfg["out_dir"] = dir + "/out_" + std::string(where) + (tied ? "_tied" : "");
+      Trainer t(cfg);
+      t.set_log_callback([](const std::string&) {});
+      t.run();
+      losses.push_back(testing::metric_losses(cfg["out_dir"]));
+      std::vector<double> n;
+      std::ifstream f(cfg["out_dir"].get<std::string>() + "/metrics.jsonl");
+      for (std::string line; std::getline(f, line);) n.push_back(json::parse(line)["grad_norm"].get<double>());
+      norms.push_back(n);
+    }
+    // The gradient norms of every step and the losses that the updates lead to.
+    ASSERT_EQ(losses[0].size(), 3u);
+    EXPECT_EQ(losses[1], losses[0]) << (tied ? "tied" : "untied");
+    EXPECT_EQ(norms[1], norms[0]) << (tied ? "tied" : "untied");
+  }
   fs::remove_all(dir);
 }
 

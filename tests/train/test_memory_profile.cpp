@@ -105,6 +105,10 @@ TEST(MemoryPlan, MatchesProfileOnDecoderTokens) {
     cfg["optimizer"]["offload"] = "host";
     expect_plan_matches(cfg, tied ? "decoder tied bf16, accumulation 3, offload host"
                                   : "decoder bf16, accumulation 3, offload host");
+    // The loss head's gradients in the backward (from the lse) instead of the forward.
+    cfg["train"]["loss_gradient"] = "backward";
+    expect_plan_matches(cfg, tied ? "decoder tied bf16, accumulation 3, offload host, loss gradient in backward"
+                                  : "decoder bf16, accumulation 3, offload host, loss gradient in backward");
   }
   fs::remove_all(dir);
 }

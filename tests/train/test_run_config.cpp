@@ -109,6 +109,21 @@ TEST(RunConfig, MemoryKeysDefaultToTheEnvironmentAndAreChecked) {
 // attention.backend (issue 23): "auto" | "kestrel" | "cudnn" into RunConfig::attention_backend;
 // anything else names the key and the allowed values; "cudnn" is refused where it cannot run (the
 // CPU, f32, a deterministic run), naming the keys involved.
+TEST(RunConfig, LossGradientKey) {
+  EXPECT_TRUE(RunConfig::resolve(train::default_train_config()).loss_gradient_forward);
+  json c = train::default_train_config();
+  c["train"]["loss_gradient"] = "backward";
+  EXPECT_FALSE(RunConfig::resolve(c).loss_gradient_forward);
+  c["train"]["loss_gradient"] = "forward";
+  EXPECT_TRUE(RunConfig::resolve(c).loss_gradient_forward);
+  for (json bad : {json("eager"), json(true)}) {
+    c["train"]["loss_gradient"] = bad;
+    const std::string e = error_of(c);
+    EXPECT_NE(e.find("train.loss_gradient"), std::string::npos) << e;
+    EXPECT_NE(e.find(bad.dump()), std::string::npos) << e;
+  }
+}
+
 TEST(RunConfig, AttentionBackendKey) {
   EXPECT_EQ(RunConfig::resolve(train::default_train_config()).attention_backend, AttentionBackend::Auto);
   auto backend = [](const char* value, const char* device, const char* precision) {

@@ -265,8 +265,12 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
   auto shed = [&](int64_t bytes) {
     if (grad_shard > 1) L.free(kGrad, bytes - bytes / grad_shard);
   };
+  // train.loss_gradient "forward": the loss head computes its gradients in the forward, for the seed the
+  // loop allocates before it (CrossEntropyOptions::known_grad); "backward": from the saved lse.
+  const bool loss_grad_forward = run.loss_gradient_forward;
   auto micro_batch = [&](bool first) {
     if (!first) L.alloc(kAct, pixels);  // the next micro-batch's pixels (the forward frees them)
+    if (loss_grad_forward) L.alloc(kGrad, 4);  // the seed
     // ---- forward ----
     const bool regions = policy != RecomputePolicy::None;
     L.where = "forward: embed";
@@ -339,12 +343,10 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     }
     L.where = "forward: final norm + loss";
     L.alloc(kAct, T * C * b + T * 4);  // final norm out, rstd
-    L.alloc(kAct, 4 + T * 4);          // loss, lse (f32)
-    L.free(kAct, in_flight);  // the last copies land during the loss
-    if (offload) plan.host_activations = P.L_ * (region_input + kept_out + kept_lse);
     // The fused linear + cross-entropy scratch. CPU (ops/cpu/cross_entropy.cpp): [Nc, Vc] f32 logits,
     // and for bf16/f16 the converted hidden and weight chunks; backward adds the f32 d_weight and the
-    // chunk's d_hidden. CUDA: the launcher's workspace in forward; in backward the lse-based pass's
+    // chunk's d_hidden. CUDA: the launcher's workspace in forward (with the kept 16-bit rows when it
+    // forms the gradients too); in backward the lse-based pass's
     // (ops/cuda/fused_linear_cross_entropy_backward.cu: a logits block, its gradient, an f32 d_hidden).
     const int64_t Nc = std::min<int64_t>(512, T);
     const int64_t Vc = std::clamp<int64_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(C, 1), 256, 4096), 1, V);
@@ -353,25 +355,52 @@ MemoryPlan plan_memory(const json& cfg, const PlanOptions& options) {
     const int64_t ce_backward =
         on_cuda ? cuda_cross_entropy_backward_workspace_bytes(T, V, C, dtype)
                 : ce_forward + (dtype == DType::F32 ? 0 : V * C * 4 + Nc * C * 4);
-    L.alloc(MemoryTag::Workspace, ce_forward);
-    L.free(MemoryTag::Workspace, ce_forward);
-    L.free(kAct, pixels);  // the step's batch copy of the pixels
-
-    // ---- backward ----
-    L.where = "backward: loss";
-    L.alloc(kGrad, 4);  // the seed
-    L.alloc(kGrad, T * C * b);  // d_hidden
     // d_lm_head (the tied embedding's gradient); later micro-batches add into it in place (the fused
     // cross-entropy's d_weight GEMM with beta = 1), no new buffer.
     const std::string head = tc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t head_grad = trains(tp + head) ? V * C * b : 0;
-    if (first) L.alloc(kGrad, head_grad);
-    L.alloc(MemoryTag::Workspace, ce_backward);
-    L.free(MemoryTag::Workspace, ce_backward);
+    if (loss_grad_forward) {
+      // Loss and both gradients now (ops/src/cross_entropy.cpp): d_hidden held for the backward, the
+      // head's gradient allocated (first micro-batch) or added into; nothing keeps the final norm output.
+      L.alloc(kAct, 4);           // loss
+      L.free(kAct, in_flight);    // the last copies land during the loss
+      L.alloc(kGrad, T * C * b);  // d_hidden
+      if (first) L.alloc(kGrad, head_grad);
+      if (on_cuda) {
+        const int64_t ce_single = cuda_cross_entropy_workspace_bytes(T, V, dtype, true);
+        L.alloc(MemoryTag::Workspace, ce_single);
+        L.free(MemoryTag::Workspace, ce_single);
+      } else {
+        L.alloc(kAct, T * 4);  // the CPU's lse, between its forward and backward kernels
+        L.alloc(MemoryTag::Workspace, ce_forward);
+        L.free(MemoryTag::Workspace, ce_forward);
+        L.alloc(MemoryTag::Workspace, ce_backward);
+        L.free(MemoryTag::Workspace, ce_backward);
+        L.free(kAct, T * 4);
+      }
+      L.free(kAct, T * C * b);  // the final norm output
+    } else {
+      L.alloc(kAct, 4 + T * 4);  // loss, lse (f32)
+      L.free(kAct, in_flight);  // the last copies land during the loss
+      L.alloc(MemoryTag::Workspace, ce_forward);
+      L.free(MemoryTag::Workspace, ce_forward);
+    }
+    if (offload) plan.host_activations = P.L_ * (region_input + kept_out + kept_lse);
+    L.free(kAct, pixels);  // the step's batch copy of the pixels
+
+    // ---- backward ----
+    L.where = "backward: loss";
+    if (!loss_grad_forward) {
+      L.alloc(kGrad, 4);  // the seed
+      L.alloc(kGrad, T * C * b);  // d_hidden
+      if (first) L.alloc(kGrad, head_grad);
+      L.alloc(MemoryTag::Workspace, ce_backward);
+      L.free(MemoryTag::Workspace, ce_backward);
+    }
     // step_in_backward: an untied lm_head is complete here; its hook updates it and drops the gradient.
     if (drop_grads && !tc.tie_word_embeddings) L.free(kGrad, head_grad);
     if (!tc.tie_word_embeddings) shed(head_grad);
-    L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
+    if (!loss_grad_forward) L.free(kAct, T * 4 + T * C * b);  // lse and the final norm output (saved by the loss)
     L.free(kGrad, 4);
     L.where = "backward: final norm";
     const int64_t norm_grad = trains(tp + "model.norm.weight") ? C * b : 0;

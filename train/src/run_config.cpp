@@ -1,5 +1,5 @@
 // RunConfig::resolve: the one place that turns device / precision / recompute / memory_budget /
-// memory.* / train.deterministic / fp8.* / attention.* into typed values (run_config.h states the rules).
+// memory.* / train.deterministic / train.loss_gradient / fp8.* / attention.* into typed values (run_config.h states the rules).
 #include "kestrel/train/run_config.h"
 
 #include <limits>
@@ -58,6 +58,10 @@ RunConfig RunConfig::resolve(const nlohmann::json& cfg) {
   const nlohmann::json det = cfg["train"].value("deterministic", nlohmann::json(false));
   KESTREL_CHECK(det.is_boolean(), "train", "train.deterministic must be true or false, got ", det.dump());
   r.deterministic = det.get<bool>();
+  const nlohmann::json lg = cfg["train"].value("loss_gradient", nlohmann::json("forward"));
+  KESTREL_CHECK(lg == "forward" || lg == "backward", "train", "train.loss_gradient must be \"forward\" or ",
+                "\"backward\", got ", lg.dump());
+  r.loss_gradient_forward = lg == "forward";
   const nlohmann::json& fp8 = cfg["fp8"];
   r.fp8 = fp8["enabled"];
   const std::string scaling = fp8["scaling"];

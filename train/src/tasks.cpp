@@ -116,9 +116,12 @@ class VlmTask final : public Task {
     return jsonl_ ? jsonl_->host_batch(first, batch_size) : data_->host_batch(first, batch_size);
   }
 
-  Tensor loss(const HostBatch& b, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
+  Tensor loss(const HostBatch& b, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy,
+              const Tensor& loss_grad) override {
     models::VlmBatch vb = vlm_batch_from(b, arrays, dtype_);
-    if (vb.image_positions.numel() > 0) return model_->loss(vb, policy);
+    CrossEntropyOptions ce;
+    ce.known_grad = loss_grad;
+    if (vb.image_positions.numel() > 0) return model_->loss(vb, policy, ce);
     // No image in the batch (text-only conversations): the tower still runs, on one blank image whose
     // embeddings enter the sequence times 0 where the splice would be (after the embedding, before
     // the decoder). The loss is the text-only loss exactly, and every parameter gets its (zero)
@@ -129,7 +132,7 @@ class VlmTask final : public Task {
     const int64_t S = model_->config().vision_config.image_size;
     Tensor img = model_->image_embeddings(Tensor::zeros({1, 3, S, S}, dtype_, vb.input_ids.device()), policy);
     embeds = add(embeds, scale(mean(img), 0.0));
-    return dec.loss(dec.forward(embeds, vb.layout, policy), vb.labels);
+    return dec.loss(dec.forward(embeds, vb.layout, policy), vb.labels, ce);
   }
 
   std::vector<std::pair<std::string, std::string>> samples(int64_t count) override {
@@ -255,9 +258,12 @@ class DecoderTask final : public Task {
     return chat_ ? chat_->host_batch(index, batch_size) : stream_->host_batch(index, batch_size, seq_len_);
   }
 
-  Tensor loss(const HostBatch& hb, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) override {
+  Tensor loss(const HostBatch& hb, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy,
+              const Tensor& loss_grad) override {
     TokenBatch b = token_batch_from(hb, arrays);
-    return model_->loss(model_->forward(model_->embed(b.input_ids), b.layout, policy), b.labels);
+    CrossEntropyOptions ce;
+    ce.known_grad = loss_grad;
+    return model_->loss(model_->forward(model_->embed(b.input_ids), b.layout, policy), b.labels, ce);
   }
 
   // The mean next-token loss over the first eval_samples sequences of the held-out stream, one

@@ -24,8 +24,11 @@ class Task {
   virtual models::ParameterList& parameters() = 0;
   // Micro-batch `index` as host arrays: a pure function of the index, safe on any thread.
   virtual HostBatch prepare(uint64_t index, int64_t batch_size) const = 0;
-  // The loss (recorded on the tape) of a prepared batch whose arrays are on the device.
-  virtual Tensor loss(const HostBatch& batch, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy) = 0;
+  // The loss (recorded on the tape) of a prepared batch whose arrays are on the device. loss_grad, when
+  // defined, is the scalar the loop will pass to backward as this loss's gradient: the language-model
+  // head then computes its gradients in the forward (CrossEntropyOptions::known_grad, train.loss_gradient).
+  virtual Tensor loss(const HostBatch& batch, const std::vector<Tensor>& arrays, autograd::RecomputePolicy policy,
+                      const Tensor& loss_grad) = 0;
   // Held-out evaluation (samples == 0 when the task has none).
   virtual EvalResult evaluate() = 0;
   // Greedy outputs next to the expected ones for the first `count` held-out records (none: empty).

@@ -68,6 +68,9 @@ json default_train_config() {
         {"nonfinite", "stop"},
         // Bit-reproducible GPU runs (run_config.h): fixed-order embedding and attention backward.
         {"deterministic", false},
+        // Where the loss head's gradients are computed (run_config.h): "forward" (one pass, the seed known
+        // up front) or "backward" (from the saved log-sum-exp, the logits recomputed).
+        {"loss_gradient", "forward"},
         {"seed", 1234}}},
       {"optimizer",
        {{"offload", "none"},

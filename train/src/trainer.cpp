@@ -74,6 +74,7 @@ struct Trainer::Impl {
   std::vector<std::string> device_overrides;  // on_cpu / on_cuda entries left in the config
   int64_t batch_size, accum, total_steps;
   bool step_in_backward = false;  // optimizer.step_in_backward
+  bool loss_gradient_forward = true;  // train.loss_gradient "forward" (run_config.h)
   std::unique_ptr<GradientStream> grad_stream;  // optimizer.gradients "host"
   bool overlap_update = false;                   // optimizer.update_overlap in effect
   std::shared_ptr<Communicator> comm;             // data parallelism (null: one rank)
@@ -168,6 +169,7 @@ struct Trainer::Impl {
     task = make_task(cfg, dtype, device);
     // train.deterministic: the models' backward sums in a fixed order (no atomics) on the GPU.
     task->set_deterministic(run.deterministic);
+    loss_gradient_forward = run.loss_gradient_forward;
     if (run.deterministic && device.is_cuda()) log("train.deterministic: fixed-order embedding and attention backward");
     if (models::Decoder* dec = task->decoder()) {
       dec->set_attention_backend(run.attention_backend);
@@ -349,6 +351,13 @@ struct Trainer::Impl {
     }
     for (int64_t m = 0; m < accum; ++m) {
       Tensor loss;
+      // The backward's seed. With train.loss_gradient "forward" the loss head is told it up front and
+      // computes its gradients in the forward (CrossEntropyOptions::known_grad: one pass, no recompute).
+      Tensor seed;
+      {
+        TagScope tag(MemoryTag::Gradient);
+        seed = Tensor::full({}, 1.0 / static_cast<double>(accum), DType::F32, dev);
+      }
       {
         PhaseScope ph(dev, "forward");
         BatchPrefetcher::Batch b;
@@ -358,7 +367,7 @@ struct Trainer::Impl {
           b = prefetcher->get(data_position);
         }
         TagScope tag(MemoryTag::Activation);
-        loss = task->loss(*b.host, b.arrays, policy);
+        loss = task->loss(*b.host, b.arrays, policy, loss_gradient_forward ? seed : Tensor());
         tokens += b.host->tokens;
         if (const models::Decoder* d = task->decoder())
           step_attention_flops += d->config().attention_training_flops(b.host->document_lengths);
@@ -371,7 +380,8 @@ struct Trainer::Impl {
         PhaseScope ph(dev, "backward");
         TagScope tag(MemoryTag::Gradient);
         MemoryLabelScope label("backward");
-        Tensor seed = Tensor::full(loss.shape(), 1.0 / static_cast<double>(accum), loss.dtype(), loss.device());
+        KESTREL_CHECK(loss.shape() == seed.shape() && loss.dtype() == seed.dtype(), "train", "the task's loss ",
+                      loss.str(), " is not an f32 scalar");
         // optimizer.step_in_backward: the parameters are updated (and their gradients dropped) by
         // grad-ready hooks inside this backward (accum is 1 then).
         if (step_in_backward) optim->begin_step(schedule.at(step + 1));

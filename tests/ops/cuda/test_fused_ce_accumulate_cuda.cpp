@@ -15,6 +15,16 @@ TEST(FusedCrossEntropyBackwardCuda, AccumulatesIntoTheHeldWeightGradient) {
   expect_fused_ce_accumulates_in_place(Device::cuda(0), DType::F32, 129, 32, 9000, 1e-4);
 }
 
+// The single CUDA pass (loss and both gradients, three GEMMs) behind known_grad: one token chunk, and
+// a vocabulary large enough for several (bf16: 6000 x 100000 keeps ~1.2 GiB of 16-bit rows over the
+// launcher's 1 GiB bound, so d_weight is added into per token chunk).
+TEST(FusedCrossEntropyBackwardCuda, KnownGradComputesTheGradientsInTheForward) {
+  KESTREL_REQUIRE_GPU();
+  expect_known_grad_matches_backward(Device::cuda(0), DType::BF16, 300, 64, 20000, 1e-2);
+  expect_known_grad_matches_backward(Device::cuda(0), DType::F32, 129, 32, 9000, 1e-4);
+  expect_known_grad_matches_backward(Device::cuda(0), DType::BF16, 6000, 16, 100000, 1e-2);
+}
+
 TEST(EmbeddingCuda, AccumulatesIntoTheHeldWeightGradient) {
   KESTREL_REQUIRE_GPU();
   expect_embedding_accumulates_in_place(Device::cuda(0), DType::BF16, 700, 96, 301, 1e-2);

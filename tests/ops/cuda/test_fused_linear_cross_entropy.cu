@@ -171,6 +171,7 @@ struct RunOptions {
   const float* upstream = nullptr;               // host value, uploaded to a device scalar
   size_t workspace_bound = 0;                    // pick chunks from a byte bound when set
   bool graph = false;                            // capture into a CUDA graph and replay twice
+  bool dw_in_dtype = false;                      // d_weight in the input dtype (else f32)
 };
 
 struct Fused : Result {
@@ -197,6 +198,7 @@ Fused run_fused(const Case& c, const Inputs& in, const RunOptions& o = {}) {
   p.loss = loss.as<float>(); p.lse = lse.as<float>();
   p.d_hidden = o.grads && o.want_d_hidden ? dh.ptr : nullptr;
   p.d_weight = o.grads && o.want_d_weight ? dw.as<float>() : nullptr;
+  p.d_weight_f32 = !o.dw_in_dtype;
   p.accumulate_d_weight = o.dw_init != nullptr;
   p.error_flag = flag.as<int>();
   p.upstream_grad = o.upstream ? up.as<float>() : nullptr;
@@ -209,7 +211,10 @@ Fused run_fused(const Case& c, const Inputs& in, const RunOptions& o = {}) {
   DeviceBytes ws(r.workspace);
   auto poison = [&] {
     for (auto* b : {&loss, &lse, &dh, &dw, &ws}) b->poison();
-    if (o.dw_init) {
+    if (o.dw_init && o.dw_in_dtype) {
+      const std::vector<uint8_t> init = encode(c.dtype, *o.dw_init);
+      KESTREL_CUDA_CHECK(cudaMemcpy(dw.ptr, init.data(), init.size(), cudaMemcpyHostToDevice));
+    } else if (o.dw_init) {
       std::vector<float> init(o.dw_init->begin(), o.dw_init->end());
       dw.upload(init.data());
     }
@@ -250,7 +255,11 @@ Fused run_fused(const Case& c, const Inputs& in, const RunOptions& o = {}) {
     dh.download(b.data());
     r.dh = decode(c.dtype, b);
   }
-  if (p.d_weight) {
+  if (p.d_weight && o.dw_in_dtype) {
+    std::vector<uint8_t> b(c.v * c.h * es);
+    KESTREL_CUDA_CHECK(cudaMemcpy(b.data(), dw.ptr, b.size(), cudaMemcpyDeviceToHost));
+    r.dw = decode(c.dtype, b);
+  } else if (p.d_weight) {
     std::vector<float> g(c.v * c.h);
     dw.download(g.data());
     r.dw.assign(g.begin(), g.end());
@@ -370,6 +379,31 @@ TEST(FusedLinearCrossEntropy, AccumulatesDWeightAndAppliesUpstreamGradient) {
     ref.loss = cpu_reference(c, in).loss;  // the loss itself is not scaled
     for (size_t i = 0; i < init.size(); ++i) ref.dw[i] += init[i];
     expect_matches(c, got, ref);
+  }
+}
+
+// What the training op's single pass runs (ops/cuda/cross_entropy.cu): a 16-bit d_weight added into
+// by every token chunk's GEMM (37 tokens in chunks of 16: three roundings), on top of a held gradient,
+// for an upstream gradient given on the device.
+TEST(FusedLinearCrossEntropy, DWeightInTheInputDtypeAcrossTokenChunks) {
+  KESTREL_REQUIRE_GPU();
+  for (DType t : {DType::BF16, DType::F16}) {
+    Case c; c.dtype = t; c.z_loss = 1e-3f;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " dtype " + std::string(kestrel::dtype_name(t)));
+    const Inputs in = make_inputs(c, seed);
+    std::vector<double> init(c.v * c.h);
+    std::mt19937_64 rng(seed + 1);
+    std::normal_distribution<double> normal(0.0, 1e-4);  // the size of the gradient it is added to
+    for (auto& e : init) e = round_to(t, normal(rng));
+    const float upstream = 0.25f;
+    RunOptions o; o.dw_init = &init; o.upstream = &upstream; o.dw_in_dtype = true;
+    const Fused got = run_fused(c, in, o);
+    Result ref = cpu_reference(c, in, upstream);
+    ref.loss = cpu_reference(c, in).loss;  // the loss itself is not scaled
+    for (size_t i = 0; i < init.size(); ++i) ref.dw[i] += init[i];
+    expect_matches(c, got, ref);
+    EXPECT_EQ(got.flag, 0);
   }
 }
 

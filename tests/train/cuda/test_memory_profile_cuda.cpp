@@ -125,6 +125,8 @@ TEST(MemoryPlanCuda, MatchesProfileOnDecoderTokens) {
     expect_plan_matches(cfg, name);
     cfg["recompute"] = "selective";  // attention's out and lse kept per layer, not re-run
     expect_plan_matches(cfg, name + ", selective");
+    cfg["train"]["loss_gradient"] = "backward";  // the lse-based backward's workspace instead of the single pass's
+    expect_plan_matches(cfg, name + ", selective, loss gradient in backward");
   }
   fs::remove_all(dir);
 }

@@ -19,6 +19,16 @@ struct CrossEntropyOptions {
   double label_smoothing = 0.0;  // eps
   int64_t chunk_tokens = 0;      // 0 = automatic
   int64_t chunk_vocab = 0;       // 0 = automatic
+  // The loss's gradient when the caller knows it before the forward (the training step's backward seed):
+  // a scalar floating tensor on the inputs' device. A recording call then computes both gradients in the
+  // forward, for this upstream gradient, through the kernels' fused_linear_cross_entropy_forward_backward
+  // (on CUDA one pass of three GEMMs instead of the forward's logits GEMM plus a backward that recomputes
+  // them): d_hidden is held for the backward, and d_weight is added into the weight's gradient right away
+  // when it holds one (else held too). The backward must then receive this very tensor as the loss's
+  // gradient; any other gradient is refused by name (the weight's gradient already holds this one's part).
+  // A 16-bit d_weight is rounded once per token chunk of the CUDA pass instead of once. Undefined: the
+  // gradients are computed in the backward from the saved log-sum-exp.
+  Tensor known_grad;
 };
 
 // hidden [N, H], weight [V, H] (same dtype), labels [N] (i64/i32; out of range -> error),

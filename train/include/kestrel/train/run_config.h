@@ -53,6 +53,11 @@ struct RunConfig {
   // config on one GPU model and build give bitwise-equal losses and parameters, and a resume
   // equals the straight run; the CPU is deterministic either way.
   bool deterministic = false;
+  // "train.loss_gradient": "forward" (default) | "backward". Forward: the step's loss head is given the
+  // backward's seed up front and computes its gradients in the forward (CrossEntropyOptions::known_grad:
+  // on CUDA one pass of three GEMMs; a bf16 lm_head gradient rounded once per token chunk of that pass).
+  // Backward: the forward keeps the log-sum-exp and the backward recomputes the logits (four GEMMs).
+  bool loss_gradient_forward = true;
   // "fp8": FP8 training of the decoder's linear projections (kestrel/ops/fp8.h), off by default:
   // {"enabled", "scaling" ("delayed": per tensor with an amax history; "tile" is refused, not yet
   // implemented), "amax_history", "margin", "grad_format" ("e5m2" | "e4m3"), "fast_accum_forward",
