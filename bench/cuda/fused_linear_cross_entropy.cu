@@ -180,7 +180,7 @@ void BM_FusedCrossEntropyTrainingStep(benchmark::State& state) {
   fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(x.ptr), kTokens * kHidden, 1, 1.0f);
   fill_bf16<<<1024, 256, 0, c.stream>>>(static_cast<__nv_bfloat16*>(w.ptr), size_t(v) * kHidden, 2, 0.03f);
   fill_labels<<<64, 256, 0, c.stream>>>(static_cast<int64_t*>(labels.ptr), kTokens, v, 3);
-  KESTREL_CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes, c.stream));
+  KESTREL_CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, size_t(v) * kHidden * 2, c.stream));
   KESTREL_CUDA_CHECK_LAUNCH();
   const float up = 1.0f;
   KESTREL_CUDA_CHECK(cudaMemcpy(one.ptr, &up, 4, cudaMemcpyHostToDevice));
