@@ -98,7 +98,7 @@ std::string format_cudnn_plan_log(const std::vector<CudnnPlanRecord>& log) {
     o << (r.backward ? "bwd " : "fwd ") << r.dtype << " B " << r.b << " Hq " << r.hq << " Hkv " << r.hkv << " D "
       << r.d << " S " << r.sq << "/" << r.sk << (r.causal ? " causal " : " bidir ")
       << cudnn_plan_choice_name(r.choice) << " (docs " << r.docs << ", " << r.tokens_q << " tokens, max "
-      << r.max_seqlen_q << "):";
+      << r.max_seqlen_q << "; built in " << r.build_ms << " ms):";
     for (size_t i = 0; i < r.candidates.size(); ++i) {
       const CudnnPlanCandidate& c = r.candidates[i];
       o << (i ? ", " : " ") << "engine " << c.engine << " [" << c.knobs << "] " << c.heuristics << " ws "

@@ -73,12 +73,13 @@ struct CudnnPlanRecord {
   int64_t docs = 0, tokens_q = 0, max_seqlen_q = 0;  // the call that built the plan
   std::vector<CudnnPlanCandidate> candidates;        // in the heuristics' order
   int chosen = -1;                                   // index into candidates (-1: not chosen yet)
+  double build_ms = 0;  // host time to build the graph and finalise its candidates (timing runs not included)
 };
 
 // The plans built on `device` so far, oldest first (empty before first use or without cuDNN).
 std::vector<CudnnPlanRecord> cudnn_attention_plan_log(int device);
 // One line per record, e.g. "bwd bf16 B 2 Hq 32 Hkv 8 D 64 S 6144/6144 causal fastest (docs 2, 8192
-// tokens, max 6000): engine 8 [24=3 40=128] A ws 4096 1.234 ms *, engine 8 [24=1 40=64] A ws 0
+// tokens, max 6000; built in 41.2 ms): engine 8 [24=3 40=128] A ws 4096 1.234 ms *, engine 8 [24=1 40=64] A ws 0
 // 1.502 ms, ..." (knobs in brackets, the proposing heuristics, workspace bytes; the chosen starred).
 std::string format_cudnn_plan_log(const std::vector<CudnnPlanRecord>& log);
 

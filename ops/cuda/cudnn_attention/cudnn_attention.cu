@@ -26,6 +26,7 @@
 #include <cudnn_graph.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -185,9 +186,11 @@ CachedPlan& plan_for(DeviceState& st, int device, const Call& c, int64_t* extern
   s.b = key.b, s.hq = key.hq, s.hkv = key.hkv, s.d = key.d, s.sq = key.sq, s.sk = key.sk, s.causal = key.causal;
   const int max_plans = key.choice == CudnnPlanChoice::First ? 1 : kCudnnPlanCandidates;
   auto plan = std::make_unique<CachedPlan>();
+  const auto build_start = std::chrono::steady_clock::now();
   plan->graph =
       key.backward ? cudnn::build_backward_graph(h, s, max_plans) : cudnn::build_forward_graph(h, s, max_plans);
   CudnnPlanRecord r;
+  r.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start).count();
   r.backward = key.backward;
   r.dtype = key.io == 0 ? "bf16" : "f16";
   r.b = key.b, r.hq = key.hq, r.hkv = key.hkv, r.d = key.d, r.sq = key.sq, r.sk = key.sk, r.causal = key.causal;
