@@ -81,7 +81,7 @@ bool use_cudnn_attention(const kernels::AttentionParams& p, const Tensor& q, con
 }
 
 namespace {
-std::atomic<CudnnPlanChoice> g_plan_choice{CudnnPlanChoice::Fastest};
+std::atomic<CudnnPlanChoice> g_plan_choice{CudnnPlanChoice::First};
 }  // namespace
 
 void set_cudnn_plan_choice(CudnnPlanChoice choice) { g_plan_choice.store(choice); }

@@ -39,8 +39,11 @@ int64_t cudnn_attention_external_bytes(int device);
 
 // How the cuDNN backend picks the execution plan it builds for a new shape bucket (forward and
 // backward alike). Process-wide; a plan is cached per choice, so switching builds fresh plans.
-// Fastest costs one host sync and a few extra runs per bucket, once; timing noise may pick another
-// engine in another process (results then differ in the last bits between runs); First does not.
+// Fastest costs one host sync, up to kCudnnPlanCandidates finalisations and a few extra runs per
+// bucket, once; timing noise may pick another engine in another process (results then differ in the
+// last bits between runs); First does not. First is the default: on step-like document packs
+// (BM_attention_backends_step_packs, 2026-12-02) Fastest kept the same engine or one within 1-3%
+// (TFLOP/s equal to 0.1%), while each new bucket's plan build is what a short run pays.
 enum class CudnnPlanChoice {
   First,    // the first engine config of heuristics mode A that finalises, untimed
   Fastest,  // up to kCudnnPlanCandidates configs (mode A, then FALLBACK), each run once and then timed
@@ -52,7 +55,7 @@ constexpr int kCudnnPlanCandidates = 8;
 constexpr int kCudnnPlanTimedRuns = 3;
 constexpr int64_t kCudnnPlanMaxWorkspace = int64_t{256} << 20;
 void set_cudnn_plan_choice(CudnnPlanChoice choice);
-CudnnPlanChoice cudnn_plan_choice();  // Fastest unless set
+CudnnPlanChoice cudnn_plan_choice();  // First unless set
 const char* cudnn_plan_choice_name(CudnnPlanChoice choice);  // "first" / "fastest"
 
 // One plan the cuDNN backend built: its bucket, the call that built it, every candidate considered.
@@ -69,7 +72,7 @@ struct CudnnPlanRecord {
   std::string dtype;                                      // "bf16" / "f16"
   int64_t b = 0, hq = 0, hkv = 0, d = 0, sq = 0, sk = 0;  // the bucket (B, S rounded up)
   bool causal = false;
-  CudnnPlanChoice choice = CudnnPlanChoice::Fastest;
+  CudnnPlanChoice choice = CudnnPlanChoice::First;
   int64_t docs = 0, tokens_q = 0, max_seqlen_q = 0;  // the call that built the plan
   std::vector<CudnnPlanCandidate> candidates;        // in the heuristics' order
   int chosen = -1;                                   // index into candidates (-1: not chosen yet)

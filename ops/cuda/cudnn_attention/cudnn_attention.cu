@@ -5,8 +5,12 @@
 // under MemoryTag::Workspace.
 //
 // Plan cache: a plan is keyed by (io dtype, documents B, Hq, Hkv, D, S_q, S_k, causal, direction,
-// plan choice) with B and S rounded up (bucket(): exact up to 8 documents / 64 tokens, then 8 steps
-// per power of two), so the document mixes of a training run reuse a handful of plans. The rows past
+// plan choice) with B and S rounded up (bucket(): B exact up to 2 then two steps per power of two,
+// S in 256-token steps up to 512 then two steps per power of two), so the document mixes of a training
+// run reuse a few dozen plans: every new plan is a host-side build (finalisation) that the step waits
+// for (the 1.5B at 8k with 8 steps per octave built new plans on most of its first 40 steps, 500-750 ms
+// each, against 135-140 ms with every plan cached; bench/RESULTS.md). The grid covers the bucket: the
+// rows and tiles past the real documents exit early. The rows past
 // the real documents get length 0; S only bounds the longest document (the padding mask does the rest).
 //
 // Plan choice (CudnnPlanChoice, attention_backend.h): First keeps the first engine config of
@@ -89,13 +93,13 @@ DeviceState& device_state(int device) {
   return states[device];
 }
 
-// x rounded up: to step_min at least, exact multiples of step_min up to 8 * step_min, then to 1/8 of
-// its power of two (at most 12.5% more).
-int64_t bucket(int64_t x, int64_t step_min) {
+// x rounded up: to step_min at least, exact multiples of step_min up to `per_octave` * step_min, then
+// to 1/per_octave of its power of two (at most 100% / per_octave more).
+int64_t bucket(int64_t x, int64_t step_min, int64_t per_octave) {
   if (x <= step_min) return step_min;
   int64_t pow2 = 1;
   while (pow2 * 2 <= x) pow2 *= 2;
-  const int64_t step = std::max(step_min, pow2 / 8);
+  const int64_t step = std::max(step_min, pow2 / per_octave);
   return (x + step - 1) / step * step;
 }
 
@@ -157,12 +161,12 @@ Call make_call(const Tensor& q, const Tensor& k, const Tensor& cq, const kernels
   c.total_q = q.shape()[0];
   c.total_k = k.shape()[0];
   c.key.io = q.dtype() == DType::BF16 ? 0 : 1;
-  c.key.b = bucket(c.docs, 1);
+  c.key.b = bucket(c.docs, 1, 2);  // 1, 2, 3, 4, 6, 8, 12, 16, ...
   c.key.hq = q.shape()[1];
   c.key.hkv = k.shape()[1];
   c.key.d = q.shape()[2];
-  c.key.sq = bucket(p.max_seqlen_q, 64);
-  c.key.sk = bucket(p.max_seqlen_k, 64);
+  c.key.sq = bucket(p.max_seqlen_q, 256, 2);  // 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, ...
+  c.key.sk = bucket(p.max_seqlen_k, 256, 2);
   if (p.causal) c.key.sq = c.key.sk = std::max(c.key.sq, c.key.sk);
   c.key.causal = p.causal;
   c.key.backward = backward;

@@ -230,6 +230,7 @@ TEST(CudnnAttentionCuda, PlanLogNamesTheChosenEngine) {
       EXPECT_GE(r.sq, 500);
       EXPECT_EQ(r.docs, 3);
       EXPECT_EQ(r.tokens_q, 812);
+      EXPECT_GT(r.build_ms, 0.0) << "the plan's host build time";
       ASSERT_FALSE(r.candidates.empty());
       ASSERT_GE(r.chosen, 0);
       ASSERT_LT(r.chosen, static_cast<int>(r.candidates.size()));
