@@ -5,12 +5,14 @@
 // element (rows copied as raw bits, no rounding).
 // scatter_add (embedding backward):
 // - default: atomics into dst (f32 atomicAdd; bf16/f16 use the native 16-bit atomics, so each add
-//   rounds: order-dependent in the last bits);
+//   rounds: order-dependent in the last bits); on sm_90 with 16-byte rows, 16 bytes per vector
+//   reduction instruction (the same per-element adds);
 // - deterministic, sort-free: block b owns dst rows [b*RB, (b+1)*RB) and scans the whole index list in
 //   order (tiles of blockDim, ordered compaction by warp ballots), adding each matching source row into
 //   an f32 shared-memory accumulator [RB, R] in increasing m; at the end dst rows that matched get
 //   dst + acc, rounded once. Each (row, column) sums in index order: bitwise reproducible.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "kernels/embedding.h"
@@ -88,6 +90,47 @@ __global__ void scatter_add_atomic_kernel(T* __restrict__ dst, const T* __restri
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t m = q / R, c = q % R;
     atomic_add(dst + index_at(idx, i64, m) * R + c, to_f32(src[q]));
+  }
+}
+
+// The same adds 16 bytes at a time (rows of a multiple of 16 bytes, both bases 16-byte aligned): one
+// vector reduction per 8 bf16/f16 (red.global.add.noftz.v4.{bf16x2,f16x2}) or 4 f32 (red...v4.f32),
+// sm_90. Each element is still one atomic add with one rounding, as in the scalar kernel; only the
+// number of reduction instructions drops (8x for 16-bit rows: the 1.5B step's embedding backward was
+// 16.8M scalar bf16 atomics, 3.0 ms). Built for an older arch, the same kernel adds element by element.
+// Adds the 16 bytes at `v` (elements of T) into p[0..16 / sizeof(T)).
+template <typename T>
+__device__ __forceinline__ void red_add16(T* p, const uint4& v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+  } else {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(v.x)),
+                 "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                 : "memory");
+  }
+#else
+  const T* e = reinterpret_cast<const T*>(&v);
+  for (size_t i = 0; i < 16 / sizeof(T); ++i) atomic_add(p + i, to_f32(e[i]));
+#endif
+}
+
+template <typename T>
+__global__ void scatter_add_vec_kernel(T* __restrict__ dst, const T* __restrict__ src, const void* __restrict__ idx,
+                                       bool i64, int64_t M, int64_t R) {
+  constexpr int64_t kPer = 16 / sizeof(T);  // elements per 16 bytes
+  const int64_t vecs = R / kPer, total = M * vecs;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < total;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = q / vecs, c = (q % vecs) * kPer;
+    const uint4 v = *reinterpret_cast<const uint4*>(src + m * R + c);
+    red_add16(dst + index_at(idx, i64, m) * R + c, v);
   }
 }
 
@@ -169,6 +212,12 @@ void scatter_add_rows_cuda(const Tensor& dst, const Tensor& src, const Tensor& i
   cudaStream_t s = cuda::current_stream();
   dispatch_cuda_float(dst.dtype(), "scatter_add_rows", [&](auto tag) {
     using T = decltype(tag);
+    if (!deterministic && (R * sizeof(T)) % 16 == 0 && aligned16(dst.data_ptr()) && aligned16(src.data_ptr())) {
+      const int64_t vecs = M * R / (16 / static_cast<int64_t>(sizeof(T)));
+      scatter_add_vec_kernel<T><<<grid_for(vecs, kBlock), kBlock, 0, s>>>(ptr<T>(dst), ptr<const T>(src),
+                                                                          idx.data_ptr(), i64, M, R);
+      return;
+    }
     if (!deterministic) {
       scatter_add_atomic_kernel<T><<<grid_for(M * R, kBlock), kBlock, 0, s>>>(ptr<T>(dst), ptr<const T>(src),
                                                                               idx.data_ptr(), i64, M, R);
