@@ -13,24 +13,34 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/embedding.h"
 #include "kestrel/ops/reduce.h"
-#include "kestrel/runtime/random.h"
 #include "kestrel/autograd/grad_mode.h"
 #include "support/errors.h"
 #include "support/numerics.h"
 
 namespace kestrel::testing {
 
-inline void expect_fused_ce_accumulates_in_place(Device device, DType dtype, int64_t n, int64_t h, int64_t v,
-                                                 double tol) {
-  Tensor w0 = randn({v, h}, DType::F32, Device::cpu(), 0.05);
+// Two micro-batches of a linear + cross-entropy on the CPU in f32: the weight [V, H], and per
+// micro-batch the hidden states [N, H] and labels [N] (one of them ignore_index).
+struct CeMicroBatches {
+  Tensor w0;
   std::vector<Tensor> xs, ys;
+};
+inline CeMicroBatches ce_micro_batches(int64_t n, int64_t h, int64_t v) {
+  CeMicroBatches b;
+  b.w0 = randn({v, h}, DType::F32, Device::cpu(), 0.05);
   for (int mb = 0; mb < 2; ++mb) {
-    xs.push_back(randn({n, h}, DType::F32, Device::cpu(), 1.0));
+    b.xs.push_back(randn({n, h}, DType::F32, Device::cpu(), 1.0));
     std::vector<int64_t> lab(n);
     for (int64_t i = 0; i < n; ++i) lab[i] = (i * 7919 + mb * 31) % v;
     lab[n / 2] = -100;  // an ignored token
-    ys.push_back(Tensor::from_vector(lab, {n}, DType::I64));
+    b.ys.push_back(Tensor::from_vector(lab, {n}, DType::I64));
   }
+  return b;
+}
+
+inline void expect_fused_ce_accumulates_in_place(Device device, DType dtype, int64_t n, int64_t h, int64_t v,
+                                                 double tol) {
+  const auto [w0, xs, ys] = ce_micro_batches(n, h, v);
   // Under test: one leaf on `device`, two backward passes (the second accumulates in place).
   Tensor w = w0.to(dtype).to(device).clone();
   w.set_requires_grad(true);
@@ -92,14 +102,7 @@ inline void expect_embedding_accumulates_in_place(Device device, DType dtype, in
 // refused, even one with the same value.
 inline void expect_known_grad_matches_backward(Device device, DType dtype, int64_t n, int64_t h, int64_t v,
                                                double tol) {
-  Tensor w0 = randn({v, h}, DType::F32, Device::cpu(), 0.05);
-  std::vector<Tensor> xs, ys;
-  for (int mb = 0; mb < 2; ++mb) {
-    xs.push_back(randn({n, h}, DType::F32, Device::cpu(), 1.0));
-    std::vector<int64_t> lab = randint({n}, v).to_int_vector();
-    lab[n / 3] = -100;  // an ignored token
-    ys.push_back(Tensor::from_vector(lab, {n}, DType::I64));
-  }
+  const auto [w0, xs, ys] = ce_micro_batches(n, h, v);
   // path 0: gradients in the backward from the lse; path 1: in the forward (known_grad); path 2: f64 CPU.
   std::vector<Tensor> w(3), losses[3], dhs[3];
   for (int path = 0; path < 3; ++path) {
