@@ -25,7 +25,7 @@ if(KESTREL_BUILD_BENCH)
 endif()
 
 if(KESTREL_CUDA)
-  find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cuda_driver, CUDA::cublasLt, CUDA::cublas
+  find_package(CUDAToolkit REQUIRED)  # CUDA::cudart, CUDA::cuda_driver (cuBLASLt is dlopened; CUDA::cublas: bench_ops)
   # NCCL is optional: the communicator's NCCL backend (runtime/cuda/comm_nccl.cpp) is compiled where nccl.h
   # is found next to the toolkit (or under NCCL_ROOT / KESTREL_NCCL_ROOT) and skipped otherwise
   # (make_nccl_communicator then refuses, naming the missing build). libnccl itself is opened at

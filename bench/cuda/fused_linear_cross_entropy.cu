@@ -7,7 +7,6 @@
 #include <benchmark/benchmark.h>
 
 #include <cuda_bf16.h>
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include "cuda/fused_linear_cross_entropy.h"
 #include "cuda/fused_linear_cross_entropy_internal.h"
 #include "kestrel/cuda/check.h"
+#include "kestrel/cuda/cublaslt_api.h"
 
 namespace {
 
@@ -91,7 +91,7 @@ struct Context {
   cublasLtHandle_t lt = nullptr;
   cudaStream_t stream = nullptr;
   Context() {
-    KESTREL_CUBLAS_CHECK(cublasLtCreate(&lt));
+    KESTREL_CUBLAS_CHECK(kc::cublaslt_api().Create(&lt));
     KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
 };

@@ -22,18 +22,20 @@ PlanCache& cache() {
 struct PreferenceGuard {
   cublasLtMatmulPreference_t pref = nullptr;
   ~PreferenceGuard() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    const cuda::CublasLtApi& api = cuda::cublaslt_api();
+    if (pref) api.MatmulPreferenceDestroy(pref);
   }
 };
 
 }  // namespace
 
 LtPlan::~LtPlan() {
+  const cuda::CublasLtApi& api = cuda::cublaslt_api();
   // Host-only objects: a failed destroy leaks a few bytes, so the statuses are not checked.
-  if (c) cublasLtMatrixLayoutDestroy(c);
-  if (b) cublasLtMatrixLayoutDestroy(b);
-  if (a) cublasLtMatrixLayoutDestroy(a);
-  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (c) api.MatrixLayoutDestroy(c);
+  if (b) api.MatrixLayoutDestroy(b);
+  if (a) api.MatrixLayoutDestroy(a);
+  if (desc) api.MatmulDescDestroy(desc);
 }
 
 int lt_alignment(const void* p, int64_t batch_stride_bytes, int64_t batch) {
@@ -61,23 +63,24 @@ LtPlan* lt_find_plan(const std::string& key) {
 void lt_choose_algorithm(cublasLtHandle_t lt, LtPlan& plan, int align_a, int align_b, int align_c,
                          size_t workspace_bytes, const char* op, const std::string& what) {
   PreferenceGuard pref;
-  KESTREL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
+  const cuda::CublasLtApi& api = cuda::cublaslt_api();
+  KESTREL_CUBLAS_CHECK(api.MatmulPreferenceCreate(&pref.pref));
   const uint64_t ws = workspace_bytes;
   const uint32_t ua = align_a, ub = align_b, uc = align_c;
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      api.MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ua, sizeof(ua)));
+      api.MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ua, sizeof(ua)));
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ub, sizeof(ub)));
+      api.MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ub, sizeof(ub)));
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &uc, sizeof(uc)));
+      api.MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &uc, sizeof(uc)));
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &uc, sizeof(uc)));
+      api.MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &uc, sizeof(uc)));
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   KESTREL_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.c, plan.c, pref.pref, 1, &result, &count));
+      api.MatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.c, plan.c, pref.pref, 1, &result, &count));
   KESTREL_CHECK(count > 0, op, "cuBLASLt found no algorithm for ", what);
   plan.algo = result.algo;
 }
@@ -92,10 +95,11 @@ void lt_launch(cublasLtHandle_t lt, LtPlan& plan, std::initializer_list<LtPointe
                const float* alpha, const void* a, const void* b, const float* beta, void* d, void* workspace,
                size_t workspace_bytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(plan.launch_mutex);
+  const cuda::CublasLtApi& api = cuda::cublaslt_api();
   for (const LtPointerAttribute& p : pointers)
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, p.attribute, &p.value, sizeof(p.value)));
-  KESTREL_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, alpha, a, plan.a, b, plan.b, beta, d, plan.c, d, plan.c,
-                                      &plan.algo, workspace, workspace_bytes, stream));
+    KESTREL_CUBLAS_CHECK(api.MatmulDescSetAttribute(plan.desc, p.attribute, &p.value, sizeof(p.value)));
+  KESTREL_CUBLAS_CHECK(api.Matmul(lt, plan.desc, alpha, a, plan.a, b, plan.b, beta, d, plan.c, d, plan.c, &plan.algo,
+                                  workspace, workspace_bytes, stream));
 }
 
 }  // namespace kestrel::cuda_ops

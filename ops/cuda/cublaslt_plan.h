@@ -1,5 +1,6 @@
 // Private: the cuBLASLt plan cache shared by the GEMM launchers (matmul.cu, fp8_gemm.cu and
-// fused_linear_cross_entropy_gemm.cu).
+// fused_linear_cross_entropy_gemm.cu). They call cuBLASLt through cuda::cublaslt_api() (opened at
+// run time; kestrel/cuda/cublaslt_api.h), never by its symbols: libkestrel does not link it.
 //
 // A plan is what one GEMM configuration needs from cuBLASLt: the matmul descriptor, the A, B and C
 // layouts (D is written in C's layout) and the heuristic's algorithm. It is built once per key and
@@ -23,6 +24,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include "kestrel/cuda/cublaslt_api.h"
 
 namespace kestrel::cuda_ops {
 

@@ -46,22 +46,23 @@ void fp8_gemm_cuda(const Tensor& out, const Tensor& a, Fp8Format fa, const Tenso
   LtPlan* plan = lt_find_plan(key);
   if (!plan) {
     auto fresh = std::make_unique<LtPlan>();
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&fresh->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cuda::CublasLtApi& api = cuda::cublaslt_api();
+    KESTREL_CUBLAS_CHECK(api.MatmulDescCreate(&fresh->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    KESTREL_CUBLAS_CHECK(api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    KESTREL_CUBLAS_CHECK(api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     // The scale pointers are set per call (lt_launch); the heuristic sees this call's.
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->a, fp8_type(fb), static_cast<uint64_t>(K),
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->a, fp8_type(fb), static_cast<uint64_t>(K),
                                                     static_cast<uint64_t>(N), K));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->b, fp8_type(fa), static_cast<uint64_t>(K),
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->b, fp8_type(fa), static_cast<uint64_t>(K),
                                                     static_cast<uint64_t>(M), K));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->c, CUDA_R_16BF, static_cast<uint64_t>(N),
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->c, CUDA_R_16BF, static_cast<uint64_t>(N),
                                                     static_cast<uint64_t>(M), N));
     lt_choose_algorithm(lt, *fresh, al_a, al_b, al_c, ws_bytes, "fp8_gemm",
                         detail::concat("[", M, ", ", K, "] (", fp8_format_name(fa), ") . [", N, ", ", K, "]^T (",

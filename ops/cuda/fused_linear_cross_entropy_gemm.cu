@@ -29,17 +29,18 @@ void lt_matmul(cublasLtHandle_t lt, const GemmDesc& g, const void* a, const void
   LtPlan* plan = lt_find_plan(key);
   if (!plan) {
     auto fresh = std::make_unique<LtPlan>();
+    const cuda::CublasLtApi& api = cuda::cublaslt_api();
     // f32 inputs stay true f32 (no TF32): the f32 path is the accuracy reference of the op.
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&fresh->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    KESTREL_CUBLAS_CHECK(api.MatmulDescCreate(&fresh->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.trans_a, sizeof(g.trans_a)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.trans_a, sizeof(g.trans_a)));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.trans_b, sizeof(g.trans_b)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.trans_b, sizeof(g.trans_b)));
     // Stored (pre-op) shapes, column-major.
     const bool ta = g.trans_a != CUBLAS_OP_N, tb = g.trans_b != CUBLAS_OP_N;
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&fresh->c, g.d_type, g.m, g.n, g.ldd));
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(&fresh->c, g.d_type, g.m, g.n, g.ldd));
     lt_choose_algorithm(lt, *fresh, al_a, al_b, al_d, lt_workspace_bytes, "fused_linear_cross_entropy",
                         detail::concat("m=", g.m, " n=", g.n, " k=", g.k, " lda=", g.lda, " ldb=", g.ldb,
                                        " ldd=", g.ldd));

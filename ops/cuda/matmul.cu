@@ -56,12 +56,13 @@ cudaDataType_t cuda_type(DType t) {
 
 void make_layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
                  int64_t batch_stride) {
-  KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld));
+  const cuda::CublasLtApi& api = cuda::cublaslt_api();
+  KESTREL_CUBLAS_CHECK(api.MatrixLayoutCreate(l, t, rows, cols, ld));
   if (batch > 1) {
     int32_t count = static_cast<int32_t>(batch);
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    KESTREL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+        api.MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    KESTREL_CUBLAS_CHECK(api.MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                                           &batch_stride, sizeof(batch_stride)));
   }
 }
@@ -111,19 +112,20 @@ void matmul_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   LtPlan* plan = lt_find_plan(key);
   if (!plan) {
     auto fresh = std::make_unique<LtPlan>();
-    KESTREL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&fresh->desc, compute, CUDA_R_32F));
+    const cuda::CublasLtApi& api = cuda::cublaslt_api();
+    KESTREL_CUBLAS_CHECK(api.MatmulDescCreate(&fresh->desc, compute, CUDA_R_32F));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &la.op, sizeof(la.op)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSA, &la.op, sizeof(la.op)));
     KESTREL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lb.op, sizeof(lb.op)));
+        api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lb.op, sizeof(lb.op)));
     if (bias.defined()) {
       // The pointer is set per call (lt_launch); the heuristic sees this call's.
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       const void* bp = bias.data_ptr();
       KESTREL_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+          api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
       KESTREL_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+          api.MatmulDescSetAttribute(fresh->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
     }
     make_layout(&fresh->a, ct, la.rows, la.cols, la.ld, Bg, la.batch_stride);
     make_layout(&fresh->b, ct, lb.rows, lb.cols, lb.ld, Bg, lb.batch_stride);

@@ -16,6 +16,7 @@
 #include "kestrel/cuda/check.h"
 #include "kestrel/runtime/log.h"
 #include "kestrel/cuda/context.h"
+#include "kestrel/cuda/cublaslt_api.h"
 #include "kestrel/cuda/memory.h"
 #include "kestrel/runtime/memory_trace.h"
 
@@ -140,7 +141,7 @@ Context::Context(int device, const MemoryConfig& config) : device_(device), allo
   KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
   KESTREL_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
-  KESTREL_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  KESTREL_CUBLAS_CHECK(cublaslt_api().Create(&cublaslt_));
   KESTREL_CUDA_CHECK(cudaDeviceSynchronize());
   // NVML and cudaMemGetInfo may differ by a constant (driver reservations): measure both now and
   // express the start in cudaMemGetInfo's terms.

@@ -7,7 +7,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -19,6 +18,7 @@
 
 #include "cuda/fused_linear_cross_entropy.h"
 #include "kestrel/cuda/check.h"
+#include "kestrel/cuda/cublaslt_api.h"
 #include "kestrel/runtime/dtype.h"
 #include "kestrel/runtime/error.h"
 #include "support/gpu.h"
@@ -44,8 +44,8 @@ struct DeviceBytes {
 };
 struct LtHandle {
   cublasLtHandle_t h = nullptr;
-  LtHandle() { KESTREL_CUBLAS_CHECK(cublasLtCreate(&h)); }
-  ~LtHandle() { cublasLtDestroy(h); }
+  LtHandle() { KESTREL_CUBLAS_CHECK(kestrel::cuda::cublaslt_api().Create(&h)); }
+  ~LtHandle() { kestrel::cuda::cublaslt_api().Destroy(h); }
 };
 struct Stream {
   cudaStream_t s = nullptr;

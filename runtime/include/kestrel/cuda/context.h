@@ -10,7 +10,8 @@
 //   cudaStream_t s = kestrel::cuda::current_stream();           // the compute stream (or a guard's)
 //   my_kernel<<<grid, block, smem, s>>>(...); KESTREL_CUDA_CHECK_LAUNCH();
 //   size_t ws_bytes; void* ws = kestrel::cuda::cublaslt_workspace(&ws_bytes);
-//   cublasLtMatmul(kestrel::cuda::cublaslt_handle(), ..., ws, ws_bytes, s);
+//   kestrel::cuda::cublaslt_api().Matmul(kestrel::cuda::cublaslt_handle(), ..., ws, ws_bytes, s);
+// (cuBLASLt is opened at run time: kestrel/cuda/cublaslt_api.h; libkestrel does not link it.)
 // Temporary device buffers come from Tensor::empty (the caching allocator), never cudaMalloc.
 #pragma once
 
