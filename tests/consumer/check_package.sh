@@ -29,6 +29,11 @@ fi
 if [ -d "$prefix/include/kestrel/cuda" ] && ! grep -q 'WITH_CUDA=1' "$lib/pkgconfig/kestrel.pc"; then
   echo "[package] a CPU-only build installed the kestrel/cuda/ component"; exit 1
 fi
+# cuBLASLt is opened at run time (kestrel/cuda/cublaslt_api.h): a load-time dependency would cost every
+# process its ~0.4 s static initialisation again.
+if readelf -d "$lib/libkestrel.so" | grep 'NEEDED' | grep -i 'cublas'; then
+  echo "[package] libkestrel.so needs cuBLAS at load time (it must open cuBLASLt with cuda::cublaslt_api())"; exit 1
+fi
 
 echo "[package] consumer via find_package(kestrel CONFIG)"
 cmake -S "$here" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" ||
