@@ -189,14 +189,15 @@ Tensor Decoder::layer_forward(int index, const Tensor& h, const PackedBatch& bat
   Tensor m;
   if (mlp_tile_tokens_ > 0) {
     m = swiglu_mlp_tiled(y, L.gate_proj, L.up_proj, L.down_proj, mlp_tile_tokens_);
+  } else if (fused) {
+    // gate/up and SwiGLU as one entry (y cast once; SwiGLU writes down's input cast; its backward
+    // writes the gate/up gradients' casts without storing them in bf16).
+    Fp8Produced s = swiglu_gate_up_fp8(y, L.gate_proj, L.up_proj, *fp8_, base + 4, base + 5, base + 6,
+                                       fp8_input_needs_transposed({L.down_proj}), &y8);
+    m = linear_fp8(s.y, L.down_proj, Tensor(), *fp8_, base + 6, &s.x8);
   } else if (fp8_) {  // y cast to FP8 once for gate and up
     std::vector<Tensor> gu = linear_fp8(y, {L.gate_proj, L.up_proj}, {}, *fp8_, {base + 4, base + 5}, &y8);
-    if (fused) {
-      Fp8Produced s = swiglu_fp8(gu[0], gu[1], *fp8_, base + 6, fp8_input_needs_transposed({L.down_proj}));
-      m = linear_fp8(s.y, L.down_proj, Tensor(), *fp8_, base + 6, &s.x8);
-    } else {
-      m = proj(swiglu(gu[0], gu[1]), L.down_proj, Tensor(), 6);
-    }
+    m = proj(swiglu(gu[0], gu[1]), L.down_proj, Tensor(), 6);
   } else {
     m = linear(swiglu(linear(y, L.gate_proj), linear(y, L.up_proj)), L.down_proj);
   }

@@ -54,6 +54,23 @@ void write_copy(const Tensor& copy, int64_t i, P value, uint64_t seed) {
   }
 }
 
+// The gradient value the step uses: g, or g * grad_scale rounded to G as scale_in_place_cpu rounds it.
+template <typename G>
+struct GradReader {
+  const G* g;
+  double s = 1.0;
+  bool scaled = false;
+  explicit GradReader(const kernels::AdamWTensors& t) : g(t.grad.data<G>()) {
+    if (t.grad_scale.defined()) {
+      s = t.grad_scale.item();
+      scaled = s != 1.0;
+    }
+  }
+  double operator[](int64_t i) const {
+    return scaled ? elem_to_double(elem_from_double<G>(elem_to_double(g[i]) * s)) : elem_to_double(g[i]);
+  }
+};
+
 template <typename P, typename G>
 void adamw_typed(const kernels::AdamWTensors& t, const kernels::AdamWHyper& h) {
   using C = compute_t<P>;
@@ -61,7 +78,7 @@ void adamw_typed(const kernels::AdamWTensors& t, const kernels::AdamWHyper& h) {
   P* p = t.param.data<P>();
   P* m = t.m.data<P>();
   P* v = t.v.data<P>();
-  const G* g = t.grad.data<G>();
+  const GradReader<G> g(t);
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
   const C decay = static_cast<C>(1.0 - h.lr * h.weight_decay), b1 = static_cast<C>(h.beta1),
@@ -69,7 +86,7 @@ void adamw_typed(const kernels::AdamWTensors& t, const kernels::AdamWHyper& h) {
           bc2_sqrt = static_cast<C>(std::sqrt(bc2)), eps = static_cast<C>(h.eps);
   parallel_for(0, n, kBlock, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      C gi = static_cast<C>(elem_to_double(g[i]));
+      C gi = static_cast<C>(g[i]);
       C pi = p[i] * decay;
       C mi = b1 * m[i] + (1 - b1) * gi;
       C vi = b2 * v[i] + (1 - b2) * gi * gi;
@@ -123,10 +140,10 @@ void adamw_no_master(const kernels::AdamWTensors& t, const kernels::AdamWHyper& 
   const StepConstants c(h);
   float* m = t.m.data<float>();
   float* v = t.v.data<float>();
-  const G* g = t.grad.data<G>();
+  const GradReader<G> g(t);
   parallel_for(0, t.param.numel(), kBlock, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      float gi = static_cast<float>(elem_to_double(g[i]));
+      float gi = static_cast<float>(g[i]);
       float pi = load_param(t.param, i) * c.decay;
       float mi = c.b1 * m[i] + (1 - c.b1) * gi;
       float vi = c.b2 * v[i] + (1 - c.b2) * gi * gi;

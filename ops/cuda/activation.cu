@@ -118,11 +118,7 @@ struct SwigluFwd {
   __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = swiglu_f32(x[0], x[1]); }
 };
 struct SwigluBwd {  // x = {gate, up, dy}; y = {dgate, dup}
-  __device__ void operator()(const float (&x)[3], float (&y)[2]) const {
-    float s = sigmoidf_(x[0]);
-    y[0] = x[2] * x[1] * s * (1.0f + x[0] * (1.0f - s));
-    y[1] = x[2] * x[0] * s;
-  }
+  __device__ void operator()(const float (&x)[3], float (&y)[2]) const { swiglu_grad_f32(x[0], x[1], x[2], y[0], y[1]); }
 };
 
 void activation_forward_cuda(Activation kind, const Tensor& out, const Tensor& x) {

@@ -42,6 +42,23 @@ cuda::FusedLinearCrossEntropyParams make_params(const Tensor& hidden, const Tens
   return f;
 }
 
+// The gradient side of the launch: the upstream gradient (an f32 scalar on the device, returned so
+// that it lives until the launch) and where d_hidden / d_weight go (either may be undefined).
+Tensor set_gradients(cuda::FusedLinearCrossEntropyParams& f, const Tensor& d_hidden, const Tensor& d_weight,
+                     const Tensor& grad_loss, const kernels::CrossEntropyParams& p) {
+  KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
+                "upstream gradient must be an f32 scalar, got ", grad_loss.str());
+  Tensor g = grad_loss.contiguous();
+  f.upstream_grad = static_cast<const float*>(g.data_ptr());
+  f.accumulate_d_weight = p.accumulate_d_weight;
+  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
+  if (d_weight.defined()) {
+    f.d_weight = d_weight.data_ptr();
+    f.d_weight_f32 = d_weight.dtype() == DType::F32;
+  }
+  return g;
+}
+
 void run(cuda::FusedLinearCrossEntropyParams& f, Device device) {
   cuda::pick_fused_linear_cross_entropy_chunks(f, kWorkspaceBound).apply_to(f);
   size_t bytes = cuda::fused_linear_cross_entropy_workspace_bytes(f);
@@ -68,17 +85,8 @@ void forward_backward_cuda(const Tensor& loss, const Tensor& d_hidden, const Ten
                            const Tensor& grad_loss, const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                            const Tensor& token_weights, const kernels::CrossEntropyParams& p) {
   auto f = make_params(hidden, weight, labels, token_weights, p);
-  KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
-                "upstream gradient must be an f32 scalar, got ", grad_loss.str());
-  Tensor g = grad_loss.contiguous();
+  const Tensor g = set_gradients(f, d_hidden, d_weight, grad_loss, p);
   f.loss = static_cast<float*>(loss.data_ptr());
-  f.upstream_grad = static_cast<const float*>(g.data_ptr());
-  f.accumulate_d_weight = p.accumulate_d_weight;
-  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
-  if (d_weight.defined()) {
-    f.d_weight = d_weight.data_ptr();
-    f.d_weight_f32 = d_weight.dtype() == DType::F32;
-  }
   run(f, hidden.device());
 }
 
@@ -86,18 +94,9 @@ void backward_cuda(const Tensor& d_hidden, const Tensor& d_weight, const Tensor&
                    const Tensor& weight, const Tensor& labels, const Tensor& token_weights, const Tensor& lse,
                    const kernels::CrossEntropyParams& p) {
   auto f = make_params(hidden, weight, labels, token_weights, p);
-  KESTREL_CHECK(grad_loss.dtype() == DType::F32 && grad_loss.numel() == 1, "fused_linear_cross_entropy",
-                "upstream gradient must be an f32 scalar, got ", grad_loss.str());
   KESTREL_CHECK(lse.dtype() == DType::F32 && lse.numel() == hidden.shape()[0] && lse.is_contiguous(),
                 "fused_linear_cross_entropy", "backward needs the forward's f32 lse [N], got ", lse.str());
-  Tensor g = grad_loss.contiguous();
-  f.upstream_grad = static_cast<const float*>(g.data_ptr());
-  f.accumulate_d_weight = p.accumulate_d_weight;
-  if (d_hidden.defined()) f.d_hidden = d_hidden.data_ptr();
-  if (d_weight.defined()) {
-    f.d_weight = d_weight.data_ptr();
-    f.d_weight_f32 = d_weight.dtype() == DType::F32;
-  }
+  const Tensor g = set_gradients(f, d_hidden, d_weight, grad_loss, p);
   const size_t bytes = cuda::fused_linear_cross_entropy_backward_workspace_bytes(f);
   Tensor ws;
   {

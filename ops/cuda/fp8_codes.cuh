@@ -111,6 +111,20 @@ __device__ __forceinline__ void store_transposed_4x16(uint8_t* out_t, int64_t Rp
 constexpr int kTileRows = 128, kTileCols = 128, kTileThreads = 256;
 constexpr int kTileUnits = kTileRows * kTileCols / 8 / kTileThreads;  // 8 units of 8 elements per thread
 
+// Phase 2 of the tile kernels: the shared tile's codes written transposed into a.out_t (each thread
+// a 16-row x 4-column group, read one word per row, conflict-free across the warp).
+__device__ __forceinline__ void store_tile_transposed(const uint8_t (*tile)[kTileCols], const CastArgs& a, int64_t r0,
+                                                      int64_t c0, int64_t C) {
+  const int cg = threadIdx.x % (kTileCols / 4), rg = threadIdx.x / (kTileCols / 4);  // 4-column, 16-row group
+  const int64_t cc = c0 + 4 * cg, r = r0 + 16 * rg;
+  if (cc < C && r < a.Rp) {
+    uint32_t w[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = *reinterpret_cast<const uint32_t*>(&tile[16 * rg + i][4 * cg]);
+    store_transposed_4x16(a.out_t, a.Rp, cc, r, w, a.Rp - r >= 16 ? 16 : 8);
+  }
+}
+
 // The tile kernel's source of values, for row r and columns c..c+7:
 //   kBatch: how many units' loads a thread issues before converting them (a divisor of 8; fewer for
 //     a source with more bytes per unit, to bound the registers);
@@ -152,17 +166,63 @@ __global__ void __launch_bounds__(kTileThreads, 3) cast_tile_kernel(Src src, Cas
   }
   if constexpr (kTrans) {
     __syncthreads();
-    const int cg = threadIdx.x % (kTileCols / 4), rg = threadIdx.x / (kTileCols / 4);  // 4-column, 16-row group
-    const int64_t cc = c0 + 4 * cg, r = r0 + 16 * rg;
-    if (cc < C && r < a.Rp) {
-      uint32_t w[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) w[i] = *reinterpret_cast<const uint32_t*>(&tile[16 * rg + i][4 * cg]);
-      store_transposed_4x16(a.out_t, a.Rp, cc, r, w, a.Rp - r >= 16 ? 16 : 8);
-    }
+    store_tile_transposed(tile, a, r0, c0, C);
   }
   if (a.amax) fold_amax(a.amax, m);
   write_scales(a.scales_out, s);
+}
+
+// The tile kernel for a source with two outputs (SwiGLU's backward: dgate and dup), each cast with
+// its own target (a[0], a[1]; the same layouts asked of both): finish(raw, r, c, v0, v1) gives the
+// two outputs' 8 values. Two shared tiles; otherwise cast_tile_kernel's phases.
+template <class Src, bool kPlain, bool kTrans>
+__global__ void __launch_bounds__(kTileThreads, 2) cast_tile2_kernel(Src src, CastArgs a0, CastArgs a1, int64_t R,
+                                                                      int64_t C) {
+  __shared__ __align__(16) uint8_t tile[2][kTileRows][kTileCols];
+  const float s0 = *a0.scale, s1 = *a1.scale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows, c0 = static_cast<int64_t>(blockIdx.y) * kTileCols;
+  const int cu = threadIdx.x % (kTileCols / 8), rr = threadIdx.x / (kTileCols / 8);
+  const int64_t c = c0 + cu * 8;
+  uint32_t m0 = 0, m1 = 0;
+#pragma unroll
+  for (int b = 0; b < kTileUnits; b += Src::kBatch) {
+    typename Src::Raw raw[Src::kBatch];
+#pragma unroll
+    for (int k = 0; k < Src::kBatch; ++k) {
+      const int64_t r = r0 + rr + 16 * (b + k);
+      if (r < R && c < C) raw[k] = src.fetch(r, c);
+    }
+#pragma unroll
+    for (int k = 0; k < Src::kBatch; ++k) {
+      const int tr = rr + 16 * (b + k);
+      const int64_t r = r0 + tr;
+      if (c >= C || r >= a0.Rp) continue;
+      uint2 p0 = make_uint2(0u, 0u), p1 = make_uint2(0u, 0u);
+      if (r < R) {
+        float v0[8], v1[8];
+        src.finish(raw[k], r, c, v0, v1);
+        p0 = codes8(v0, s0, a0.fmt, m0);
+        p1 = codes8(v1, s1, a1.fmt, m1);
+      }
+      if constexpr (kPlain) {
+        *reinterpret_cast<uint2*>(a0.out + r * C + c) = p0;
+        *reinterpret_cast<uint2*>(a1.out + r * C + c) = p1;
+      }
+      if constexpr (kTrans) {
+        *reinterpret_cast<uint2*>(&tile[0][tr][cu * 8]) = p0;
+        *reinterpret_cast<uint2*>(&tile[1][tr][cu * 8]) = p1;
+      }
+    }
+  }
+  if constexpr (kTrans) {
+    __syncthreads();
+    store_tile_transposed(tile[0], a0, r0, c0, C);
+    store_tile_transposed(tile[1], a1, r0, c0, C);
+  }
+  if (a0.amax) fold_amax(a0.amax, m0);
+  if (a1.amax) fold_amax(a1.amax, m1);
+  write_scales(a0.scales_out, s0);
+  write_scales(a1.scales_out, s1);
 }
 
 // Whether the tile kernel takes these sizes and pointers (the source's own pointers are checked by
@@ -171,6 +231,22 @@ inline bool tile_path_fits(const CastArgs& a, int64_t C) {
   auto aligned = [](const void* p) { return p == nullptr || aligned16(p); };
   return C > 0 && C % 8 == 0 && a.Rp > 0 && a.Rp % 8 == 0 && ceil_div(C, kTileCols) <= 65535 &&
          ceil_div(a.Rp, kTileRows) <= 0x7fffffff && aligned(a.out) && aligned(a.out_t);
+}
+
+// Two targets with the same rows and layouts (the caller checks).
+template <class Src>
+void launch_cast_tile2(const Src& src, const CastArgs& a0, const CastArgs& a1, int64_t R, int64_t C) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(a0.Rp, kTileRows)), static_cast<unsigned>(ceil_div(C, kTileCols)));
+  cudaStream_t stream = cuda::current_stream();
+  if (a0.out && a0.out_t)
+    cast_tile2_kernel<Src, true, true><<<grid, kTileThreads, 0, stream>>>(src, a0, a1, R, C);
+  else if (a0.out)
+    cast_tile2_kernel<Src, true, false><<<grid, kTileThreads, 0, stream>>>(src, a0, a1, R, C);
+  else if (a0.out_t)
+    cast_tile2_kernel<Src, false, true><<<grid, kTileThreads, 0, stream>>>(src, a0, a1, R, C);
+  else
+    cast_tile2_kernel<Src, false, false><<<grid, kTileThreads, 0, stream>>>(src, a0, a1, R, C);
+  KESTREL_CUDA_CHECK_LAUNCH();
 }
 
 template <class Src>

@@ -36,8 +36,24 @@ struct AdamWList {
   void* copy[kMaxTensors];
   int64_t n[kMaxTensors];
   uint64_t seed[kMaxTensors];
+  const double* gscale[kMaxTensors];  // the clip factor the gradient is scaled by first, or null
   DType gt[kMaxTensors], ct[kMaxTensors], pt[kMaxTensors];
 };
+
+// The gradient value AdamW uses: g, or, with a clip factor s != 1, g * s rounded to the gradient's
+// dtype as scale_kernel rounds it in place (double product, then f32, then the dtype), so a step with
+// the factor equals clip_grad_norm_device's scaling followed by the step, bit for bit.
+template <typename T>
+__device__ __forceinline__ float scaled_grad(float g, double s) {
+  return s == 1.0 ? g : to_f32(from_f32<T>(static_cast<float>(static_cast<double>(g) * s)));
+}
+__device__ __forceinline__ float scaled_grad(float g, double s, DType gt) {
+  switch (gt) {
+    case DType::BF16: return scaled_grad<bf16_t>(g, s);
+    case DType::F16: return scaled_grad<f16_t>(g, s);
+    default: return scaled_grad<float>(g, s);
+  }
+}
 
 
 // One element of AdamW, operation by operation as cpu/optim.cpp computes it (explicitly rounded f32
@@ -57,9 +73,10 @@ __global__ void adamw_kernel(AdamWList L, AdamWConst c) {
   float *m = L.m[t], *v = L.v[t];
   void* p = L.p[t];
   const DType pt = L.pt[t];
+  const double gs = L.gscale[t] ? *L.gscale[t] : 1.0;
   for (int64_t i = base + threadIdx.x; i < n && i < base + kChunk; i += blockDim.x) {
     float pi = load_as_f32(p, i, pt), mi = m[i], vi = v[i];
-    adamw_update(pi, mi, vi, load_as_f32(L.g[t], i, L.gt[t]), c);
+    adamw_update(pi, mi, vi, scaled_grad(load_as_f32(L.g[t], i, L.gt[t]), gs, L.gt[t]), c);
     m[i] = mi;
     v[i] = vi;
     // Without a master the 16-bit parameter itself is the rounded copy.
@@ -87,7 +104,11 @@ __global__ void adamw_f32_vec4_kernel(AdamWList L, AdamWConst c) {
   const uint16_t* g16 = static_cast<const uint16_t*>(L.g[t]);
   const float* g32 = static_cast<const float*>(L.g[t]);
   uint16_t* copy = static_cast<uint16_t*>(L.copy[t]);
-  auto grad = [&](int64_t i) { return kGradBf16 ? __bfloat162float(__ushort_as_bfloat16(g16[i])) : g32[i]; };
+  using G = std::conditional_t<kGradBf16, bf16_t, float>;
+  const double gs = L.gscale[t] ? *L.gscale[t] : 1.0;
+  auto grad = [&](int64_t i) {
+    return scaled_grad<G>(kGradBf16 ? __bfloat162float(__ushort_as_bfloat16(g16[i])) : g32[i], gs);
+  };
   auto bf16_bits = [](float x) { return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x))); };
   for (int64_t i = base + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * static_cast<int64_t>(blockDim.x)) {
     if (i + 4 > end) {
@@ -117,6 +138,8 @@ __global__ void adamw_f32_vec4_kernel(AdamWList L, AdamWConst c) {
       g[2] = g4.z;
       g[3] = g4.w;
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) g[j] = scaled_grad<G>(g[j], gs);
     adamw_update(p4.x, m4.x, v4.x, g[0], c);
     adamw_update(p4.y, m4.y, v4.y, g[1], c);
     adamw_update(p4.z, m4.z, v4.z, g[2], c);
@@ -187,6 +210,7 @@ void adamw_cuda(const std::vector<kernels::AdamWTensors>& tensors, const kernels
       L.copy[k] = t.param_copy.defined() ? t.param_copy.data_ptr() : nullptr;
       L.ct[k] = t.param_copy.defined() ? t.param_copy.dtype() : DType::F32;
       L.seed[k] = t.stochastic_rounding_seed;
+      L.gscale[k] = t.grad_scale.defined() ? static_cast<const double*>(t.grad_scale.data_ptr()) : nullptr;
     }
     if (L.count == 0) continue;
     L.block_start[L.count] = blocks;
@@ -340,16 +364,24 @@ void for_batches(const std::vector<Tensor>& tensors, const char* op, F&& f) {
 // Enqueues the f64 sum of squares of every tensor into result[0] (result[1] a spare f64 slot for
 // the clip factor). Returns false when there is nothing to sum.
 bool enqueue_sum_squares(const std::vector<Tensor>& tensors, double* result, float* norm_out, double max_norm,
-                         Tensor& partial) {
+                         Tensor& partial, double* coef_out = nullptr) {
   int64_t total_blocks = 0;
   for (const Tensor& t : tensors) total_blocks += ceil_div(t.numel(), kChunk);
-  if (total_blocks == 0) return false;
+  cudaStream_t s = cuda::current_stream();
+  if (total_blocks == 0) {
+    // Nothing to sum: with a norm wanted, the empty sum's norm 0 and factor 1 (the ordered sum of none).
+    if (norm_out) {
+      ordered_sum_kernel<<<1, kSumThreads, 0, s>>>(nullptr, 0, nullptr, norm_out, coef_out ? coef_out : result + 1,
+                                                   max_norm);
+      KESTREL_CUDA_CHECK_LAUNCH();
+    }
+    return false;
+  }
   {
     TagScope tag(MemoryTag::Workspace);
     partial = Tensor::empty({total_blocks}, DType::I64, tensors.front().device());  // f64 partials (8-byte slots)
   }
   double* pp = static_cast<double*>(partial.data_ptr());
-  cudaStream_t s = cuda::current_stream();
   int64_t offset = 0;
   for_batches(tensors, "global_grad_norm", [&](const PlainList& L, int blocks) {
     sum_squares_kernel<<<blocks, kBlock, 0, s>>>(L, pp + offset);
@@ -357,7 +389,7 @@ bool enqueue_sum_squares(const std::vector<Tensor>& tensors, double* result, flo
     offset += blocks;
   });
   ordered_sum_kernel<<<1, kSumThreads, 0, s>>>(pp, offset, norm_out ? nullptr : result, norm_out,
-                                               norm_out ? result + 1 : nullptr, max_norm);
+                                               norm_out ? (coef_out ? coef_out : result + 1) : nullptr, max_norm);
   KESTREL_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -387,16 +419,18 @@ void scale_in_place_cuda(const std::vector<Tensor>& tensors, double sc) {
   });
 }
 
-// Norm into `norm` ([] f32) and the clip factor into a device slot read by the scale kernel: no sync.
-void clip_by_global_norm_cuda(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm) {
+// Norm into `norm` ([] f32) and the clip factor into a device slot read by the scale kernel, or into
+// `factor` (then nothing is scaled: the optimizer applies it). No sync.
+void clip_by_global_norm_cuda(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm,
+                              const Tensor& factor) {
   KESTREL_CHECK(norm.dtype() == DType::F32 && norm.numel() == 1, "clip_grad_norm_device", "norm must be one f32");
+  KESTREL_CHECK(!factor.defined() || (factor.dtype() == DType::F64 && factor.numel() == 1), "clip_grad_norm_device",
+                "the factor must be one f64");
   cudaStream_t s = cuda::current_stream();
   Tensor scalars = device_scalars(norm.device()), partial;
   double* ps = static_cast<double*>(scalars.data_ptr());
-  if (!enqueue_sum_squares(tensors, ps, ptr<float>(norm), max_norm, partial)) {
-    KESTREL_CUDA_CHECK(cudaMemsetAsync(norm.data_ptr(), 0, sizeof(float), s));
-    return;
-  }
+  double* pf = factor.defined() ? static_cast<double*>(factor.data_ptr()) : nullptr;
+  if (!enqueue_sum_squares(tensors, ps, ptr<float>(norm), max_norm, partial, pf) || pf) return;
   if (max_norm <= 0) return;
   for_batches(tensors, "clip_grad_norm_device", [&](const PlainList& L, int blocks) {
     scale_kernel<<<blocks, kBlock, 0, s>>>(L, 1.0, ps + 1);

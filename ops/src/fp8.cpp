@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "src/fp8_input.h"
+#include "kernels/activation.h"
+#include "kestrel/ops/fp8_producers.h"
 #include "kernels/fp8.h"
 #include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
@@ -244,80 +246,123 @@ void Fp8State::roll() {
 
 // ---- linear ----
 
-std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
-                               Fp8State& state, const std::vector<int64_t>& indices, const Fp8InputCast* x8_in) {
+namespace {
+
+// linear_fp8's input side for several weights reading one input: the checks and the input's cast.
+struct Fp8LinearInput {
+  Tensor x2;                    // x as [T, K]
+  int64_t T = 0, Tp = 0;        // tokens, and rounded up to 16 (the GEMMs' rows)
+  Fp8CastResult x8;             // X8 [Tp, K], X8T [K, Tp] when any_gw
+  bool any_gw = false;          // some weight needs its gradient (grad mode on)
+};
+
+Fp8LinearInput fp8_linear_input(const Tensor& x, const std::vector<Tensor>& weights,
+                                    const std::vector<Tensor>& biases, Fp8State& state,
+                                    const std::vector<int64_t>& indices, const Fp8InputCast* x8_in, const char* op) {
   KESTREL_CHECK(!weights.empty() && indices.size() == weights.size() &&
                     (biases.empty() || biases.size() == weights.size()),
-                "linear_fp8", "needs one index per weight (and one bias per weight, or none), got ", weights.size(),
+                op, "needs one index per weight (and one bias per weight, or none), got ", weights.size(),
                 " weights, ", indices.size(), " indices, ", biases.size(), " biases");
-  check_input(x, state, "linear_fp8");
+  check_input(x, state, op);
   const DType dt = x.dtype();
   const int64_t K = x.shape().back();
   for (size_t i = 0; i < weights.size(); ++i) {
     const Tensor& w = weights[i];
-    KESTREL_CHECK(w.dim() == 2 && w.shape()[1] == K, "linear_fp8", "weight must be [out, ", K, "] for input ",
-                  x.str(), ", got ", w.str());
-    KESTREL_CHECK(w.dtype() == dt && w.device() == x.device(), "linear_fp8",
+    KESTREL_CHECK(w.dim() == 2 && w.shape()[1] == K, op, "weight must be [out, ", K, "] for input ", x.str(),
+                  ", got ", w.str());
+    KESTREL_CHECK(w.dtype() == dt && w.device() == x.device(), op,
                   "x and weight must both be bf16 (or f32 on the CPU) on one device, got ", x.str(), " and ", w.str());
-    KESTREL_CHECK(K % 16 == 0 && w.shape()[0] % 16 == 0, "linear_fp8", "weight ", w.str(),
+    KESTREL_CHECK(K % 16 == 0 && w.shape()[0] % 16 == 0, op, "weight ", w.str(),
                   ": in and out features must be multiples of 16 (cuBLASLt's FP8 leading dimensions)");
     state.row(indices[i], Fp8Role::Input);  // range check, naming the index
     if (!biases.empty() && biases[i].defined())
-      KESTREL_CHECK(biases[i].dim() == 1 && biases[i].shape()[0] == w.shape()[0] && biases[i].dtype() == dt,
-                    "linear_fp8", "bias must be ", dtype_name(dt), " [", w.shape()[0], "], got ", biases[i].str());
+      KESTREL_CHECK(biases[i].dim() == 1 && biases[i].shape()[0] == w.shape()[0] && biases[i].dtype() == dt, op,
+                    "bias must be ", dtype_name(dt), " [", w.shape()[0], "], got ", biases[i].str());
   }
-  const Fp8Format fw = state.format(Fp8Role::Weight), fg = state.format(Fp8Role::GradOutput);
-  Tensor x2 = x.dim() == 2 ? x : reshape(x, {-1, K});
-  const int64_t T = x2.shape()[0], Tp = round_up16(std::max<int64_t>(T, 1));
+  Fp8LinearInput f;
+  f.x2 = x.dim() == 2 ? x : reshape(x, {-1, K});
+  f.T = f.x2.shape()[0];
+  f.Tp = round_up16(std::max<int64_t>(f.T, 1));
   // The input is cast once, with the first linear's input row; X8T is kept when any weight needs
   // its gradient, and shared by their backward closures. (any_gw is fp8_input_needs_transposed: for a
   // weight that requires grad, should_record({x2, w}) is grad mode.)
-  bool any_gw = false;
-  for (const Tensor& w : weights) any_gw = any_gw || (w.requires_grad() && ag::should_record({x2, w}));
-  Fp8CastResult x8;
+  for (const Tensor& w : weights) f.any_gw = f.any_gw || (w.requires_grad() && ag::should_record({f.x2, w}));
   if (x8_in && x8_in->defined()) {  // made by x's producer (or fp8_input_cast) with this linear's input row
-    KESTREL_CHECK(x8_in->state == &state && x8_in->index == indices[0], "linear_fp8", "the input cast was made for ",
+    KESTREL_CHECK(x8_in->state == &state && x8_in->index == indices[0], op, "the input cast was made for ",
                   "linear ", x8_in->index, " of ", x8_in->state == &state ? "this" : "another", " FP8 state; this ",
                   "call casts with the input row of linear ", indices[0], " of its state");
-    KESTREL_CHECK(x8_in->rolls == state.rolls(), "linear_fp8", "the input cast was made at roll ", x8_in->rolls,
+    KESTREL_CHECK(x8_in->rolls == state.rolls(), op, "the input cast was made at roll ", x8_in->rolls,
                   ", the state has rolled since (now ", state.rolls(), "): its scale is stale");
     const Tensor& p = x8_in->x8.plain.data;
-    KESTREL_CHECK(p.dim() == 2 && p.shape()[0] == Tp && p.shape()[1] == K, "linear_fp8", "the input cast's codes ",
-                  p.str(), " do not fit x ", x.str(), " (expected [", Tp, ", ", K, "])");
-    KESTREL_CHECK(!any_gw || x8_in->x8.transposed.data.defined(), "linear_fp8", "a weight needs its gradient but "
+    KESTREL_CHECK(p.dim() == 2 && p.shape()[0] == f.Tp && p.shape()[1] == K, op, "the input cast's codes ", p.str(),
+                  " do not fit x ", x.str(), " (expected [", f.Tp, ", ", K, "])");
+    KESTREL_CHECK(!f.any_gw || x8_in->x8.transposed.data.defined(), op, "a weight needs its gradient but "
                   "the input cast has no transposed copy (make it with fp8_input_needs_transposed(weights))");
-    x8 = x8_in->x8;
+    f.x8 = x8_in->x8;
   } else {
-    x8 = fp8_input_cast(x2, state, indices[0], any_gw).x8;
+    f.x8 = fp8_input_cast(f.x2, state, indices[0], f.any_gw).x8;
   }
+  return f;
+}
+
+// One weight's forward GEMM: W8 cast with the state's weight row, Y [T, N] = X8 . W8^T. Returns y and
+// the W8 cast's scales (the backward's W8T is cast with them); wd: the weight, detached, contiguous.
+struct Fp8WeightForward {
+  Tensor y, wd, w_scales;
+};
+Fp8WeightForward fp8_weight_forward(const Fp8LinearInput& in, const Tensor& weight, Fp8State& state, int64_t index) {
+  const Fp8Format fw = state.format(Fp8Role::Weight);
+  const int64_t N = weight.shape()[0], rw = state.row(index, Fp8Role::Weight);
+  Fp8WeightForward f{Tensor(), weight.detach().contiguous(), Tensor()};
+  Fp8CastResult w8 = cast_rows(f.wd, N, role_scale(state, rw, fw, f.wd), fw, true, false, amax_slot(state, rw));
+  f.y = fp8_gemm(in.x8.plain, w8.plain, in.x2.dtype(), state.recipe().fast_accum_forward);  // [Tp, N]
+  if (in.Tp != in.T) f.y = f.y.narrow_view(0, 0, in.T).contiguous();
+  f.w_scales = w8.plain.scales;
+  return f;
+}
+
+// One weight's backward GEMMs from its output gradient's cast g8 (plain when dx is wanted,
+// transposed when dw is): dx [T, K] = dY8 . W8T^T with W8T cast from the bf16 weight with the
+// forward's scale (the weight has not changed since), dw [N, K] = dY8T . X8T^T.
+void fp8_linear_grads(const Fp8CastResult& g8, const Tensor& wd, const Tensor& w_scales, Fp8Format fw,
+                      const Fp8Tensor& xt, DType dt, int64_t T, int64_t Tp, bool gx, bool gw, Tensor& dx, Tensor& dw) {
+  if (gx) {
+    Fp8CastResult wt = cast_rows(wd, wd.shape()[0], w_scales.narrow_view(0, 1, 1), fw, false, true, Tensor());
+    dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
+    if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
+  }
+  if (gw) dw = fp8_gemm(g8.transposed, xt, dt, false);  // [N, K]
+}
+
+}  // namespace
+
+std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                               Fp8State& state, const std::vector<int64_t>& indices, const Fp8InputCast* x8_in) {
+  const Fp8LinearInput in = fp8_linear_input(x, weights, biases, state, indices, x8_in, "linear_fp8");
+  const Fp8Format fw = state.format(Fp8Role::Weight), fg = state.format(Fp8Role::GradOutput);
+  const DType dt = x.dtype();
+  const int64_t T = in.T, Tp = in.Tp;
+  const Tensor x2 = in.x2;
   Fp8State* st = &state;  // owned by the model, which outlives its tape
   std::vector<Tensor> outs;
   for (size_t i = 0; i < weights.size(); ++i) {
     const Tensor& weight = weights[i];
     const int64_t N = weight.shape()[0];
-    const int64_t rw = state.row(indices[i], Fp8Role::Weight), rg = state.row(indices[i], Fp8Role::GradOutput);
+    const int64_t rg = state.row(indices[i], Fp8Role::GradOutput);
     const bool record = ag::should_record({x2, weight});
     const bool gx = record && x2.requires_grad(), gw = record && weight.requires_grad();
-    Tensor wd = weight.detach().contiguous();
-    Fp8CastResult w8 = cast_rows(wd, N, role_scale(state, rw, fw, wd), fw, true, false, amax_slot(state, rw));
-    Tensor y = fp8_gemm(x8.plain, w8.plain, dt, state.recipe().fast_accum_forward);  // [Tp, N]
-    if (Tp != T) y = y.narrow_view(0, 0, T).contiguous();
+    Fp8WeightForward wf = fp8_weight_forward(in, weight, state, indices[i]);
+    Tensor y = wf.y;
     if (record) {
-      Fp8Tensor xt = gw ? x8.transposed : Fp8Tensor{};  // [K, Tp], the only activation kept
-      Tensor w_scales = w8.plain.scales;
-      ag::record("linear_fp8", {x2, weight}, y, [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-        Tensor go = g[0].detach().contiguous();  // [T, N]; the cast appends the zero rows up to Tp
-        Fp8CastResult g8 = cast_rows(go, Tp, role_scale(*st, rg, fg, go), fg, gx, gw, amax_slot(*st, rg));
-        Tensor dx, dw;
-        if (gx) {
-          // W8T [K, N] with the forward's weight scale (the weight has not changed since).
-          Fp8CastResult wt = cast_rows(wd, N, w_scales.narrow_view(0, 1, 1), fw, false, true, Tensor());
-          dx = fp8_gemm(g8.plain, wt.transposed, dt, false);  // [Tp, K]
-          if (Tp != T) dx = dx.narrow_view(0, 0, T).contiguous();
-        }
-        if (gw) dw = fp8_gemm(g8.transposed, xt, dt, false);  // [N, K]
-        return {dx, dw};
-      });
+      Fp8Tensor xt = gw ? in.x8.transposed : Fp8Tensor{};  // [K, Tp], the only activation kept
+      ag::record("linear_fp8", {x2, weight}, y,
+                 [=, wd = wf.wd, w_scales = wf.w_scales](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Tensor go = g[0].detach().contiguous();  // [T, N]; the cast appends the zero rows up to Tp
+                   Fp8CastResult g8 = cast_rows(go, Tp, role_scale(*st, rg, fg, go), fg, gx, gw, amax_slot(*st, rg));
+                   Tensor dx, dw;
+                   fp8_linear_grads(g8, wd, w_scales, fw, xt, dt, T, Tp, gx, gw, dx, dw);
+                   return {dx, dw};
+                 });
     }
     if (!biases.empty() && biases[i].defined()) y = add(y, biases[i]);
     Shape out_shape = x.shape();
@@ -325,6 +370,64 @@ std::vector<Tensor> linear_fp8(const Tensor& x, const std::vector<Tensor>& weigh
     outs.push_back(x.dim() == 2 ? y : reshape(y, out_shape));
   }
   return outs;
+}
+
+Fp8Produced swiglu_gate_up_fp8(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Fp8State& state,
+                               int64_t gate_index, int64_t up_index, int64_t down_index, bool down_transposed,
+                               const Fp8InputCast* x8) {
+  constexpr const char* kOp = "swiglu_gate_up_fp8";
+  KESTREL_CHECK(gate_w.defined() && up_w.defined() && gate_w.dim() == 2 && gate_w.shape() == up_w.shape(), kOp,
+                "gate and up weights must be [I, C] of one shape, got ", gate_w.defined() ? gate_w.str() : "undefined",
+                " and ", up_w.defined() ? up_w.str() : "undefined");
+  state.row(down_index, Fp8Role::Input);  // range check, naming the index
+  const Fp8LinearInput in = fp8_linear_input(x, {gate_w, up_w}, {}, state, {gate_index, up_index}, x8, kOp);
+  Fp8WeightForward wg = fp8_weight_forward(in, gate_w, state, gate_index);
+  Fp8WeightForward wu = fp8_weight_forward(in, up_w, state, up_index);
+  Fp8Produced out;
+  {
+    ag::NoGradGuard no_grad;  // this op's own entry below stands for the two linears and SwiGLU
+    out = swiglu_fp8(wg.y, wu.y, state, down_index, down_transposed);
+  }
+  const Tensor x2 = in.x2;
+  if (!ag::should_record({x2, gate_w, up_w})) return out;
+  const bool gx = x2.requires_grad(), gwg = gate_w.requires_grad(), gwu = up_w.requires_grad();
+  const Fp8Format fw = state.format(Fp8Role::Weight), fgr = state.format(Fp8Role::GradOutput);
+  const int64_t rgg = state.row(gate_index, Fp8Role::GradOutput), rgu = state.row(up_index, Fp8Role::GradOutput);
+  const int64_t T = in.T, Tp = in.Tp, I = gate_w.shape()[0];
+  const DType dt = x.dtype();
+  const Fp8Tensor xt = (gwg || gwu) ? in.x8.transposed : Fp8Tensor{};  // [C, Tp], shared by both wgrads
+  Fp8State* st = &state;  // owned by the model, which outlives its tape
+  ag::record(kOp, {x2, gate_w, up_w}, out.y,
+             [=, gd = wg.y.detach(), ud = wu.y.detach(), wdg = wg.wd, wdu = wu.wd, sg = wg.w_scales,
+              su = wu.w_scales](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+               const Tensor dy = g[0].dtype() == gd.dtype() ? g[0].detach().contiguous() : g[0].detach().to(gd.dtype());
+               const Device dev = gd.device();
+               Fp8CastResult g8g, g8u;
+               bool fused = false;
+               // Once seeded, the casts' scales are known before dgate / dup exist: one pass computes
+               // both and writes their codes (no 16-bit gradient stored). The same layouts for both.
+               const auto& slot = kernels::swiglu_fp8_backward;
+               if (st->seeded() && gwg == gwu && (gx || gwg) && T > 0 && (dev.is_cuda() ? slot.cuda : slot.cpu)) {
+                 CastBuffers bg = cast_buffers(Tp, I, dev, st->scale().narrow_view(0, rgg, 1), fgr, gx, gwg,
+                                               amax_slot(*st, rgg));
+                 CastBuffers bu = cast_buffers(Tp, I, dev, st->scale().narrow_view(0, rgu, 1), fgr, gx, gwu,
+                                               amax_slot(*st, rgu));
+                 fused = kernels::dispatch(slot, kOp, dev, bg.target, bu.target, gd, ud, dy);
+                 if (fused) g8g = bg.result, g8u = bu.result;
+               }
+               if (!fused) {  // SwiGLU's backward, then each gradient's cast as linear_fp8's backward makes it
+                 Tensor dg = Tensor::empty(gd.shape(), gd.dtype(), dev), du = Tensor::empty(gd.shape(), gd.dtype(), dev);
+                 if (dg.numel() > 0) kernels::dispatch(kernels::swiglu_backward, kOp, dev, dg, du, gd, ud, dy);
+                 if (gx || gwg) g8g = cast_rows(dg, Tp, role_scale(*st, rgg, fgr, dg), fgr, gx, gwg, amax_slot(*st, rgg));
+                 dg = Tensor();
+                 if (gx || gwu) g8u = cast_rows(du, Tp, role_scale(*st, rgu, fgr, du), fgr, gx, gwu, amax_slot(*st, rgu));
+               }
+               Tensor dxg, dwg, dxu, dwu;
+               fp8_linear_grads(g8u, wdu, su, fw, xt, dt, T, Tp, gx, gwu, dxu, dwu);
+               fp8_linear_grads(g8g, wdg, sg, fw, xt, dt, T, Tp, gx, gwg, dxg, dwg);
+               return {gx ? add(dxu, dxg) : Tensor(), dwg, dwu};
+             });
+  return out;
 }
 
 Tensor linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8State& state, int64_t index,

@@ -71,7 +71,8 @@ void check_param(const Tensor& param, const Tensor& grad, const Tensor& param_co
 }  // namespace
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, int64_t step,
-                const AdamWOptions& options, const Tensor& param_copy, uint64_t stochastic_rounding_seed) {
+                const AdamWOptions& options, const Tensor& param_copy, uint64_t stochastic_rounding_seed,
+                const Tensor& grad_scale) {
   constexpr const char* kOp = "adamw_step";
   KESTREL_CHECK(param.defined() && grad.defined() && m.defined() && v.defined(), kOp,
                 "param, grad, m and v must be defined");
@@ -86,8 +87,13 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   KESTREL_CHECK(m.is_contiguous() && v.is_contiguous(), kOp, "param, m and v must be contiguous");
   check_hyper(options, step, kOp);
   if (param.numel() == 0) return;
+  if (grad_scale.defined())
+    KESTREL_CHECK(grad_scale.dtype() == DType::F64 && grad_scale.numel() == 1 && grad_scale.device() == param.device(),
+                  kOp, "grad_scale must be one f64 on ", param.device().str(), " (grad_clip_factor_device's factor), got ",
+                  grad_scale.str());
   kernels::AdamWTensors t{param.detach(), grad.detach().contiguous(), m.detach(), v.detach(),
-                          param_copy.defined() ? param_copy.detach() : Tensor(), stochastic_rounding_seed};
+                          param_copy.defined() ? param_copy.detach() : Tensor(), stochastic_rounding_seed,
+                          grad_scale.defined() ? grad_scale.detach() : Tensor()};
   kernels::AdamWHyper h{options.lr, options.beta1, options.beta2, options.eps, options.weight_decay, step};
   kernels::dispatch(kernels::adamw, kOp, param.device(), std::vector<kernels::AdamWTensors>{t}, h);
 }
@@ -171,8 +177,25 @@ Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm) 
     return Tensor::full({}, norm, DType::F32, device);
   }
   Tensor norm = Tensor::empty({}, DType::F32, device);
-  kernels::dispatch(kernels::clip_by_global_norm, "clip_grad_norm_device", device, ts, norm, max_norm);
+  kernels::dispatch(kernels::clip_by_global_norm, "clip_grad_norm_device", device, ts, norm, max_norm, Tensor());
   return norm;
+}
+
+GradClip grad_clip_factor_device(const std::vector<Tensor>& grads, double max_norm) {
+  auto groups = by_device(grads, "grad_clip_factor_device");
+  KESTREL_CHECK(groups.size() <= 1, "grad_clip_factor_device", "gradients on ", groups.size(),
+                " devices; the device-side norm needs one");
+  const Device device = groups.empty() ? Device::cpu() : groups.front().first;
+  if (device.is_cpu()) {  // clip_grad_norm's norm and factor, computed as it computes them
+    const double norm = groups.empty() ? 0.0 : norm_of(groups);
+    double factor = 1.0;
+    if (max_norm > 0 && std::isfinite(norm)) factor = std::min(1.0, max_norm / (norm + 1e-6));
+    return {Tensor::full({}, norm, DType::F32, device), Tensor::full({}, factor, DType::F64, device)};
+  }
+  GradClip c{Tensor::empty({}, DType::F32, device), Tensor::empty({}, DType::F64, device)};
+  kernels::dispatch(kernels::clip_by_global_norm, "grad_clip_factor_device", device, groups.front().second, c.norm,
+                    max_norm, c.factor);
+  return c;
 }
 
 Tensor global_grad_norm_device(const std::vector<Tensor>& grads) { return clip_grad_norm_device(grads, 0.0); }

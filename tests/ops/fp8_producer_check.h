@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kestrel/autograd/tape.h"
 #include "kestrel/ops/activation.h"
 #include "kestrel/ops/fp8.h"
 #include "kestrel/ops/fp8_producers.h"
@@ -174,5 +175,38 @@ struct FusedKernelStandIns {
   FusedKernelStandIns(const FusedKernelStandIns&) = delete;
   FusedKernelStandIns& operator=(const FusedKernelStandIns&) = delete;
 };
+
+// gate/up + SwiGLU + down, forward and backward (the decoder's FP8 MLP): swiglu_gate_up_fp8 when
+// `combined`, else linear_fp8 over {gate, up} then swiglu_fp8 (the separate entries); y's input cast by
+// fp8_input_cast in both (linears 0 gate, 1 up, 2 down of `st`). `freeze_gate`: the gate weight needs
+// no gradient. Returns the output, every leaf's gradient (undefined for a frozen one) and the state's
+// running amax.
+inline std::vector<Tensor> gated_mlp_fp8_step(bool combined, const Tensor& x0, const Tensor& wg0, const Tensor& wu0,
+                                              const Tensor& wd0, const Tensor& dm, Fp8State& st,
+                                              bool freeze_gate = false) {
+  Tensor x = x0.clone().set_requires_grad(true), wg = wg0.clone().set_requires_grad(!freeze_gate),
+         wu = wu0.clone().set_requires_grad(true), wd = wd0.clone().set_requires_grad(true);
+  Fp8InputCast y8 = fp8_input_cast(x, st, 0, true);
+  Fp8Produced s;
+  if (combined) {
+    s = swiglu_gate_up_fp8(x, wg, wu, st, 0, 1, 2, true, &y8);
+  } else {
+    std::vector<Tensor> gu = linear_fp8(x, {wg, wu}, {}, st, {0, 1}, &y8);
+    s = swiglu_fp8(gu[0], gu[1], st, 2, true);
+  }
+  Tensor m = linear_fp8(s.y, wd, Tensor(), st, 2, &s.x8);
+  autograd::backward({m}, {dm});
+  return {m, x.grad(), wg.grad(), wu.grad(), wd.grad(), st.amax().clone()};
+}
+
+// Two gated_mlp_fp8_step results agree bit for bit, tensor by tensor.
+inline void expect_same_step(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  const char* names[] = {"out", "dx", "dgate", "dup", "ddown", "amax"};
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].defined(), b[k].defined()) << what << " " << names[k];
+    if (a[k].defined()) EXPECT_EQ(host_bits(a[k]), host_bits(b[k])) << what << " " << names[k];
+  }
+}
 
 }  // namespace kestrel::testing

@@ -180,5 +180,34 @@ TEST(Fp8Producers, FusedKernelBranchAndItsFallbackGiveTheSameBits) {
   }
 }
 
+// swiglu_gate_up_fp8 (gate/up + SwiGLU as one tape entry) against linear_fp8 over {gate, up} then
+// swiglu_fp8, followed by down in both: the output, every gradient and the running amax bit for bit
+// (the CPU takes the entry's fallback: SwiGLU's backward, then the two casts), seeded or not, ragged
+// token counts, f32 and bf16, a frozen gate weight; a gate/up shape mismatch is refused by name.
+TEST(Fp8Producers, SwigluGateUpEqualsTheSeparateEntries) {
+  const int64_t C = 32, I = 48;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t T : {37, 64})
+      for (bool seeded : {true, false})
+        for (bool freeze_gate : {false, true}) {
+          const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T) +
+                                   (seeded ? " seeded" : " unseeded") + (freeze_gate ? " frozen gate" : "");
+          Tensor x = randn({T, C}, dt, Device::cpu(), 1.5), wg = randn({I, C}, dt, Device::cpu(), 0.3),
+                 wu = randn({I, C}, dt, Device::cpu(), 0.3), wd = randn({C, I}, dt, Device::cpu(), 0.2),
+                 dm = randn({T, C}, dt);
+          Fp8State fa = producer_state(3, Device::cpu(), seeded, kScale, 0.25f, true);
+          Fp8State fb = producer_state(3, Device::cpu(), seeded, kScale, 0.25f, true);
+          std::vector<Tensor> a = gated_mlp_fp8_step(true, x, wg, wu, wd, dm, fa, freeze_gate);
+          std::vector<Tensor> b = gated_mlp_fp8_step(false, x, wg, wu, wd, dm, fb, freeze_gate);
+          expect_same_step(a, b, what);
+          EXPECT_EQ(a[2].defined(), !freeze_gate) << what;
+        }
+  Fp8State st = producer_state(3, Device::cpu(), true, kScale, 0.0f, true);
+  expect_has(error_of([&] {
+               swiglu_gate_up_fp8(randn({8, 16}), randn({32, 16}), randn({48, 16}), st, 0, 1, 2, true);
+             }),
+             {"swiglu_gate_up_fp8", "one shape"});
+}
+
 }  // namespace
 }  // namespace kestrel::testing

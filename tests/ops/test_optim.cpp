@@ -3,9 +3,11 @@
 // unbiased over many seeds), and global-norm clipping.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/optim.h"
 #include "support/numerics.h"
 
@@ -214,6 +216,65 @@ TEST(ClipGradNorm, DeviceApiOnCpuMatchesHostPath) {
   EXPECT_EQ(host_f64(a[1]), host_f64(b[1]));
   EXPECT_NEAR(global_grad_norm_device(b).item(), 0.25, 2e-3);  // bf16 re-rounding after scaling
   EXPECT_EQ(clip_grad_norm_device({}, 1.0).item(), 0.0);
+}
+
+// grad_clip_factor_device + adamw_step(..., grad_scale) against clip_grad_norm_device then adamw_step:
+// the same parameters, moments and copies bit for bit, the gradients left unscaled, for f32, bf16 and
+// f16 gradients, an f32 master with a bf16 copy and a bf16 parameter without one, clipping active
+// (factor < 1) and not (factor exactly 1).
+TEST(ClipGradNorm, FactorAppliedInTheUpdateEqualsClippingFirst) {
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.05;
+  for (double max_norm : {0.3, 1e9}) {
+    SCOPED_TRACE(::testing::Message() << "max_norm " << max_norm);
+    const std::vector<DType> gdt = {DType::F32, DType::BF16, DType::F16};
+    std::vector<Tensor> ga, gb, pa, pb, ma, mb, va, vb, ca, cb;
+    for (size_t k = 0; k < gdt.size(); ++k) {
+      const int64_t n = 257 + 100 * static_cast<int64_t>(k);
+      ga.push_back(randn({n}, gdt[k]));
+      gb.push_back(ga.back().clone());
+      pa.push_back(k == 2 ? randn({n}, DType::BF16) : randn({n}));  // the last: bf16, no master
+      pb.push_back(pa.back().clone());
+      Tensor mk = randn({n}, DType::F32, Device::cpu(), 0.01), vk = randn({n}, DType::F32, Device::cpu(), 0.01);
+      vk = mul(vk, vk);  // a second moment is non-negative
+      ma.push_back(mk.clone());
+      mb.push_back(mk.clone());
+      va.push_back(vk.clone());
+      vb.push_back(vk.clone());
+      ca.push_back(k == 2 ? Tensor() : Tensor::zeros({n}, DType::BF16));
+      cb.push_back(k == 2 ? Tensor() : Tensor::zeros({n}, DType::BF16));
+    }
+    const std::vector<std::vector<double>> g_before = {host_f64(gb[0]), host_f64(gb[1]), host_f64(gb[2])};
+    Tensor norm_a = clip_grad_norm_device(ga, max_norm);
+    GradClip c = grad_clip_factor_device(gb, max_norm);
+    EXPECT_EQ(c.norm.item(), norm_a.item());
+    EXPECT_EQ(c.factor.dtype(), DType::F64);
+    const double norm = global_grad_norm(gb);
+    EXPECT_EQ(c.factor.item(), std::min(1.0, max_norm / (norm + 1e-6)));
+    for (size_t k = 0; k < gdt.size(); ++k) {
+      SCOPED_TRACE(::testing::Message() << "grad " << dtype_name(gdt[k]));
+      const uint64_t seed = k == 2 ? 77 : 0;
+      adamw_step(pa[k], ga[k], ma[k], va[k], 3, o, ca[k], seed);
+      adamw_step(pb[k], gb[k], mb[k], vb[k], 3, o, cb[k], seed, c.factor);
+      EXPECT_EQ(host_f64(pa[k]), host_f64(pb[k]));
+      EXPECT_EQ(host_f64(ma[k]), host_f64(mb[k]));
+      EXPECT_EQ(host_f64(va[k]), host_f64(vb[k]));
+      if (ca[k].defined()) EXPECT_EQ(host_f64(ca[k]), host_f64(cb[k]));
+      EXPECT_EQ(host_f64(gb[k]), g_before[k]);  // left unscaled
+      if (max_norm < 1) EXPECT_NE(host_f64(ga[k]), g_before[k]);  // the in-place path did scale
+    }
+  }
+  Tensor p = randn({4}), g = randn({4}), m = Tensor::zeros({4}), v = Tensor::zeros({4});
+  try {
+    adamw_step(p, g, m, v, 1, {}, Tensor(), 0, Tensor::full({}, 0.5, DType::F32));
+    ADD_FAILURE() << "an f32 grad_scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_scale must be one f64"), std::string::npos) << e.what();
+  }
+  GradClip none = grad_clip_factor_device({}, 1.0);
+  EXPECT_EQ(none.norm.item(), 0.0);
+  EXPECT_EQ(none.factor.item(), 1.0);
 }
 
 }  // namespace

@@ -294,7 +294,7 @@ AdamWOptions AdamW::slot_options(size_t k, const AdamWOptions& step) const {
   return o;
 }
 
-void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& step_options) {
+void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& step_options, const Tensor& grad_scale) {
   Slot& s = slots_[k];
   const AdamWOptions o = slot_options(k, step_options);
   const bool q8 = placement_.state_dtype == DType::U8;
@@ -305,12 +305,19 @@ void AdamW::update_slot(size_t k, const Tensor& g, const AdamWOptions& step_opti
   if (q8)
     adamw_step_q8(target, g, s.q8, step_, o, copy, sr, stream_seed(k, 2));
   else
-    adamw_step(target, g, s.m, s.v, step_, o, copy, sr);
+    adamw_step(target, g, s.m, s.v, step_, o, copy, sr, grad_scale);
 }
 
-void AdamW::step(double lr) {
+bool AdamW::applies_grad_scale() const {
+  return placement_.offload == OptimizerOffload::None && placement_.state_dtype != DType::U8 &&
+         !placement_.step_in_backward;
+}
+
+void AdamW::step(double lr, const Tensor& grad_scale) {
   KESTREL_CHECK(!placement_.step_in_backward, "optimizer", "optimizer.step_in_backward: the parameters are updated "
                 "during backward; call begin_step(lr) before it and end_step() after it instead of step()");
+  KESTREL_CHECK(!grad_scale.defined() || applies_grad_scale(), "optimizer", "a gradient scale (the clip factor) is "
+                "applied inside the update only with on-device f32 moments; clip the gradients in place instead");
   finish_step();
   autograd::NoGradGuard no_grad;
   if (placement_.offload == OptimizerOffload::Host) {
@@ -322,7 +329,7 @@ void AdamW::step(double lr) {
   o.lr = lr;
   for (size_t k = 0; k < slots_.size(); ++k) {
     Tensor g = slots_[k].param->grad();
-    if (g.defined()) update_slot(k, g, o);
+    if (g.defined()) update_slot(k, g, o, grad_scale);
   }
 }
 

@@ -399,7 +399,7 @@ struct Trainer::Impl {
       comm->all_reduce(loss_sum, ReduceOp::Avg);  // the logged loss is the global batch's
       comm->wait();
     }
-    Tensor gnorm;
+    Tensor gnorm, clip_factor;
     {
       PhaseScope ph(dev, "optimizer");
       TagScope tag(MemoryTag::OptimizerState);
@@ -431,7 +431,15 @@ struct Trainer::Impl {
         std::vector<Tensor> grads;
         for (auto& [name, p] : task->parameters().items())
           if (p->grad().defined()) grads.push_back(p->grad());
-        gnorm = clip_grad_norm_device(grads, grad_clip);
+        if (grad_clip > 0 && !overlap_update && optim->applies_grad_scale()) {
+          // The update applies the clip factor as it reads each gradient: the same bits as scaling
+          // the gradients in place first, without that pass over them.
+          GradClip c = grad_clip_factor_device(grads, grad_clip);
+          gnorm = c.norm;
+          clip_factor = c.factor;
+        } else {
+          gnorm = clip_grad_norm_device(grads, grad_clip);
+        }
       }
       // train.nonfinite "skip": read loss and norm now (a host sync) so a bad step changes nothing.
       last_step_skipped = nonfinite_skip && !(std::isfinite(loss_sum.item()) && std::isfinite(gnorm.item()));
@@ -439,7 +447,7 @@ struct Trainer::Impl {
         if (overlap_update)
           optim->step_async(schedule.at(step + 1));
         else
-          optim->step(schedule.at(step + 1));
+          optim->step(schedule.at(step + 1), clip_factor);
       }
       // ZeRO: each parameter from the rank that updated it (every rank agrees on a skip: the loss
       // and the norm are global).

@@ -113,5 +113,34 @@ TEST(Fp8CastCuda, PaddedInputCastEqualsTheCpuBitForBit) {
     }
 }
 
+// swiglu_gate_up_fp8 on the GPU against linear_fp8 over {gate, up} then swiglu_fp8 (then down in
+// both), bit for bit: the output, dx, the three weight gradients and the running amax, at the 1.5B
+// decoder's MLP shape and ragged token counts, seeded (the fused backward kernel: two standalone casts
+// fewer per step, read from the op profile) and not (its fallback, the same casts as the separate
+// entries).
+TEST(Fp8ProducersCuda, SwigluGateUpEqualsTheSeparateEntriesBitForBit) {
+  KESTREL_REQUIRE_GPU();
+  struct Case {
+    int64_t T, C, I;
+  };
+  const Case cases[] = {{8192, 2048, 8192}, {1000, 256, 640}, {37, 64, 128}};
+  for (const Case& c : cases)
+    for (bool seeded : {true, false}) {
+      const std::string what = "T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) + " I=" +
+                               std::to_string(c.I) + (seeded ? " seeded" : " unseeded");
+      const DType bf = DType::BF16;
+      Tensor x = randn({c.T, c.C}, bf, kGpu, 1.5), wg = randn({c.I, c.C}, bf, kGpu, 0.05),
+             wu = randn({c.I, c.C}, bf, kGpu, 0.05), wd = randn({c.C, c.I}, bf, kGpu, 0.03),
+             dm = randn({c.T, c.C}, bf, kGpu);
+      Fp8State fa = producer_state(3, kGpu, seeded, kScale, 0.25f, true);
+      Fp8State fb = producer_state(3, kGpu, seeded, kScale, 0.25f, true);
+      std::vector<Tensor> a, b;
+      const int64_t casts_a = cast_dispatches([&] { a = gated_mlp_fp8_step(true, x, wg, wu, wd, dm, fa); });
+      const int64_t casts_b = cast_dispatches([&] { b = gated_mlp_fp8_step(false, x, wg, wu, wd, dm, fb); });
+      expect_same_step(a, b, what);
+      EXPECT_EQ(casts_b - casts_a, seeded ? 2 : 0) << what;
+    }
+}
+
 }  // namespace
 }  // namespace kestrel::testing

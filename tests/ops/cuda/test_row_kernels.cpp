@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kestrel/ops/activation.h"
+#include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/norm.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/ops/shape.h"
@@ -193,6 +194,71 @@ TEST(CudaRowKernels, ClipGradNormOnDevice) {
   std::vector<Tensor> g = {testing::randn({513}).to(gpu)};
   EXPECT_NEAR(global_grad_norm_device(g).to(Device::cpu()).item(), global_grad_norm(g), 1e-6 * global_grad_norm(g));
   EXPECT_EQ(clip_grad_norm_device({}, 1.0).item(), 0.0);
+}
+
+// The clip factor applied inside the CUDA AdamW (grad_clip_factor_device + adamw_step's grad_scale)
+// against clip_grad_norm_device's in-place scaling then the step, on the device: the same bits in
+// every kernel class (the vectorised f32-master kernel with bf16 and f32 gradients, with and without
+// a bf16 copy, whole and ragged chunks; the generic kernel for f16 gradients and a bf16 parameter
+// without a master), the gradients left unscaled; and the factor equal to the host path's.
+TEST(CudaRowKernels, ClipFactorInAdamWEqualsClippingFirst) {
+  KESTREL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.05;
+  struct Case {
+    DType grad, param;
+    bool copy;
+    int64_t n;
+  };
+  const std::vector<Case> cases = {{DType::BF16, DType::F32, true, 3 * 8192 + 5},
+                                   {DType::F32, DType::F32, false, 8192 + 3},
+                                   {DType::BF16, DType::F32, false, 1001},
+                                   {DType::F16, DType::F32, true, 70001},
+                                   {DType::BF16, DType::BF16, false, 20000}};
+  for (double max_norm : {0.4, 1e9}) {
+    SCOPED_TRACE(::testing::Message() << "max_norm " << max_norm);
+    V ga, gb, pa, pb, ma, mb, va, vb, ca, cb, g_host;
+    for (const Case& c : cases) {
+      g_host.push_back(testing::randn({c.n}).to(c.grad));
+      ga.push_back(g_host.back().to(gpu));
+      gb.push_back(g_host.back().to(gpu));
+      Tensor p = testing::randn({c.n}).to(c.param);
+      pa.push_back(p.to(gpu));
+      pb.push_back(p.to(gpu));
+      Tensor m = testing::randn({c.n}, DType::F32, Device::cpu(), 0.01),
+             v = testing::randn({c.n}, DType::F32, Device::cpu(), 0.01);
+      v = mul(v, v);  // a second moment is non-negative
+      ma.push_back(m.to(gpu));
+      mb.push_back(m.to(gpu));
+      va.push_back(v.to(gpu));
+      vb.push_back(v.to(gpu));
+      ca.push_back(c.copy ? Tensor::zeros({c.n}, DType::BF16, gpu) : Tensor());
+      cb.push_back(c.copy ? Tensor::zeros({c.n}, DType::BF16, gpu) : Tensor());
+    }
+    Tensor norm_a = clip_grad_norm_device(ga, max_norm);
+    GradClip f = grad_clip_factor_device(gb, max_norm);
+    ASSERT_EQ(f.factor.device(), gpu);
+    EXPECT_EQ(f.norm.to(Device::cpu()).item(), norm_a.to(Device::cpu()).item());
+    V host_g;
+    for (const Tensor& g : g_host) host_g.push_back(g.clone());
+    const double want = grad_clip_factor_device(host_g, max_norm).factor.item();
+    EXPECT_NEAR(f.factor.to(Device::cpu()).item(), want, 1e-12 * want);
+    if (max_norm > 1) EXPECT_EQ(f.factor.to(Device::cpu()).item(), 1.0);
+    for (size_t k = 0; k < cases.size(); ++k) {
+      SCOPED_TRACE(::testing::Message() << "case " << k);
+      const uint64_t seed = cases[k].param == DType::BF16 ? 99 : 0;
+      adamw_step(pa[k], ga[k], ma[k], va[k], 2, o, ca[k], seed);
+      adamw_step(pb[k], gb[k], mb[k], vb[k], 2, o, cb[k], seed, f.factor);
+      EXPECT_EQ(bytes_of(pa[k]), bytes_of(pb[k]));
+      EXPECT_EQ(bytes_of(ma[k]), bytes_of(mb[k]));
+      EXPECT_EQ(bytes_of(va[k]), bytes_of(vb[k]));
+      if (ca[k].defined()) EXPECT_EQ(bytes_of(ca[k]), bytes_of(cb[k]));
+      EXPECT_EQ(bytes_of(gb[k]), bytes_of(g_host[k]));  // left unscaled
+      if (max_norm < 1) EXPECT_NE(bytes_of(ga[k]), bytes_of(g_host[k]));
+    }
+  }
 }
 
 }  // namespace

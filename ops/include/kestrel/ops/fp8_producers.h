@@ -50,4 +50,18 @@ Fp8ProducedResidual add_rms_norm_fp8(const Tensor& x, const Tensor& residual, co
 // y = swiglu(gate, up) = silu(gate) * up with the input cast of linear `index` (kestrel/ops/activation.h).
 Fp8Produced swiglu_fp8(const Tensor& gate, const Tensor& up, Fp8State& state, int64_t index, bool transposed);
 
+// The MLP's gate and up projections and SwiGLU in FP8 as one tape entry: s = swiglu(x Wg^T, x Wu^T),
+// returned with the down projection's input cast (as swiglu_fp8 makes it, for linear `down_index`).
+// The forward is exactly linear_fp8(x, {gate_w, up_w}, {}, state, {gate_index, up_index}, x8) and then
+// swiglu_fp8. The backward is the same arithmetic as those three entries' backwards, bit for bit,
+// with one pass fewer over two [T, I] tensors each way: once the state is seeded, one kernel (CUDA)
+// computes dgate and dup from the saved gate and up outputs and the incoming gradient and writes
+// their FP8 casts (plain for dgrad, transposed for wgrad) directly, so the 16-bit dgate / dup are
+// never stored and never read back; before the first roll, on the CPU, or for a layout the kernel
+// does not take, SwiGLU's backward and then the two casts. dx is the up projection's part plus the
+// gate projection's, as the tape adds them. x [..., C]; gate_w, up_w [I, C], no bias.
+Fp8Produced swiglu_gate_up_fp8(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Fp8State& state,
+                               int64_t gate_index, int64_t up_index, int64_t down_index, bool down_transposed,
+                               const Fp8InputCast* x8 = nullptr);
+
 }  // namespace kestrel

@@ -22,9 +22,13 @@ struct AdamWOptions {
 // Without a master (optimizer.master_weights "none"): `param` may itself be bf16/f16 (no
 // param_copy); the update is the same f32 arithmetic on its widened value, stored back rounded
 // stochastically with `stochastic_rounding_seed` (to nearest when 0), bit-identical on CPU and CUDA.
+// `grad_scale`: undefined, or a [] f64 on the parameter's device (grad_clip_factor_device's factor):
+// the gradient is multiplied by it and rounded to its dtype before the update, as clip_grad_norm's
+// in-place scaling rounds it, so the step equals clipping then stepping, bit for bit, while the
+// gradient tensor itself is left unscaled (one pass over the gradients fewer).
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, int64_t step,
                 const AdamWOptions& options, const Tensor& param_copy = Tensor(),
-                uint64_t stochastic_rounding_seed = 0);
+                uint64_t stochastic_rounding_seed = 0, const Tensor& grad_scale = Tensor());
 
 // AdamW's moments stored as 8-bit block-wise codes (adamw_q8.h: blocks of 2048 elements, one f32
 // absmax per block, logarithmic codes, signed for m and unsigned for v): 2 bytes + 0.4% per
@@ -60,5 +64,14 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 // device; an empty list gives a CPU zero.
 Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm);
 Tensor global_grad_norm_device(const std::vector<Tensor>& grads);
+
+// clip_grad_norm_device without the scaling: the norm ([] f32) and the clip factor
+// min(1, max_norm / (norm + 1e-6)) ([] f64; 1 when max_norm <= 0 or the norm is not finite), both on
+// the gradients' device, no synchronisation; the gradients are left as they are. adamw_step with the
+// factor as its grad_scale then equals clip_grad_norm_device followed by adamw_step, bit for bit.
+struct GradClip {
+  Tensor norm, factor;
+};
+GradClip grad_clip_factor_device(const std::vector<Tensor>& grads, double max_norm);
 
 }  // namespace kestrel

@@ -115,7 +115,12 @@ class AdamW {
 
   // One step with learning rate `lr` on every parameter that has a gradient.
   // Refused with step_in_backward (use begin_step / end_step around the backward).
-  void step(double lr);
+  // `grad_scale`: undefined, or grad_clip_factor_device's factor ([] f64 on the parameters' device),
+  // applied to each gradient inside the update (adamw_step's grad_scale): the step equals clipping
+  // the gradients in place first, bit for bit, one pass over them fewer. Only where
+  // applies_grad_scale() (on-device f32 moments); otherwise refused.
+  void step(double lr, const Tensor& grad_scale = Tensor());
+  bool applies_grad_scale() const;
   // step_in_backward: opens a step (its number and learning rate) before the backward whose hooks
   // update the parameters; end_step closes it after the backward. Parameters whose gradient never
   // became ready in that backward are not updated (as step() skips parameters without a gradient).
@@ -175,7 +180,8 @@ class AdamW {
   struct OffloadWork;  // the chunks of one offloaded update (optimizer.cpp)
   struct AsyncStep;    // step_async's worker and per-parameter readiness
   void step_offloaded(double lr);
-  void update_slot(size_t k, const Tensor& grad, const AdamWOptions& o);  // on the device
+  void update_slot(size_t k, const Tensor& grad, const AdamWOptions& o,
+                   const Tensor& grad_scale = Tensor());  // on the device
   void update_slots_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o);  // o: the step's
   std::unique_ptr<OffloadWork> plan_offloaded(const std::vector<size_t>& slots, const AdamWOptions& o) const;
   // Runs `w` through the staging; after_slot(k) once slot k's last chunk is on its way to the device.
