@@ -4,6 +4,7 @@
 // and in-place scaling behind global-norm clipping (f64 accumulation, fixed blocks so the result
 // does not depend on the thread count).
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -61,8 +62,8 @@ struct GradReader {
   double s = 1.0;
   bool scaled = false;
   explicit GradReader(const kernels::AdamWTensors& t) : g(t.grad.data<G>()) {
-    if (t.grad_scale.defined()) {
-      s = t.grad_scale.item();
+    if (t.grad_scale.defined()) {  // an f64 in an 8-byte slot
+      std::memcpy(&s, t.grad_scale.data_ptr(), sizeof(double));
       scaled = s != 1.0;
     }
   }

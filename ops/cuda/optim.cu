@@ -424,8 +424,8 @@ void scale_in_place_cuda(const std::vector<Tensor>& tensors, double sc) {
 void clip_by_global_norm_cuda(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm,
                               const Tensor& factor) {
   KESTREL_CHECK(norm.dtype() == DType::F32 && norm.numel() == 1, "clip_grad_norm_device", "norm must be one f32");
-  KESTREL_CHECK(!factor.defined() || (factor.dtype() == DType::F64 && factor.numel() == 1), "clip_grad_norm_device",
-                "the factor must be one f64");
+  KESTREL_CHECK(!factor.defined() || (factor.dtype() == DType::I64 && factor.numel() == 1), "clip_grad_norm_device",
+                "the factor must be one 8-byte (i64) slot");
   cudaStream_t s = cuda::current_stream();
   Tensor scalars = device_scalars(norm.device()), partial;
   double* ps = static_cast<double*>(scalars.data_ptr());

@@ -20,8 +20,8 @@ struct AdamWTensors {
   // 0: param_copy rounded to nearest even. Otherwise stochastic rounding: element i rounds up with
   // probability (x - lo) / (hi - lo), compared with philox_uniform(seed, 0, i) (see philox.h).
   uint64_t stochastic_rounding_seed = 0;
-  // Undefined, or a [] f64 on the parameter's device (the clip factor of clip_by_global_norm's
-  // `factor`): the gradient is first multiplied by it and rounded to its dtype as scale_in_place
+  // Undefined, or the clip factor of clip_by_global_norm's `factor` (an f64 in a [] i64 slot) on the
+  // parameter's device: the gradient is first multiplied by it and rounded to its dtype as scale_in_place
   // rounds on that device, so the step equals scaling the gradient in place and then stepping.
   Tensor grad_scale;
 };
@@ -51,7 +51,7 @@ using ScaleInPlaceFn = void(const std::vector<Tensor>& tensors, double s);
 // Global-norm clipping without a host round trip: norm ([] f32, on the tensors' device) = sqrt of
 // the sum of squares (f64 accumulation); when max_norm > 0 and the norm is finite, every tensor is
 // scaled in place by min(1, max_norm / (norm + 1e-6)), the factor computed and read on the device.
-// With `factor` defined ([] f64 on the device) the factor (1 when nothing would be scaled) is written
+// With `factor` defined (an f64 in a [] i64 slot on the device) the factor (1 when nothing would be scaled) is written
 // there instead and the tensors are left as they are (AdamWTensors::grad_scale applies it).
 using ClipByGlobalNormFn = void(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm,
                                 const Tensor& factor);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/optim.h"
 #include "kestrel/ops/adamw_q8.h"
@@ -88,9 +89,9 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   check_hyper(options, step, kOp);
   if (param.numel() == 0) return;
   if (grad_scale.defined())
-    KESTREL_CHECK(grad_scale.dtype() == DType::F64 && grad_scale.numel() == 1 && grad_scale.device() == param.device(),
-                  kOp, "grad_scale must be one f64 on ", param.device().str(), " (grad_clip_factor_device's factor), got ",
-                  grad_scale.str());
+    KESTREL_CHECK(grad_scale.dtype() == DType::I64 && grad_scale.numel() == 1 && grad_scale.device() == param.device(),
+                  kOp, "grad_scale must be grad_clip_factor_device's factor (an f64 in a [] i64 slot) on ",
+                  param.device().str(), ", got ", grad_scale.str());
   kernels::AdamWTensors t{param.detach(), grad.detach().contiguous(), m.detach(), v.detach(),
                           param_copy.defined() ? param_copy.detach() : Tensor(), stochastic_rounding_seed,
                           grad_scale.defined() ? grad_scale.detach() : Tensor()};
@@ -181,6 +182,13 @@ Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm) 
   return norm;
 }
 
+double GradClip::factor_value() const {
+  Tensor h = factor.to(Device::cpu());
+  double v = 0;
+  std::memcpy(&v, h.data_ptr(), sizeof(double));
+  return v;
+}
+
 GradClip grad_clip_factor_device(const std::vector<Tensor>& grads, double max_norm) {
   auto groups = by_device(grads, "grad_clip_factor_device");
   KESTREL_CHECK(groups.size() <= 1, "grad_clip_factor_device", "gradients on ", groups.size(),
@@ -190,9 +198,11 @@ GradClip grad_clip_factor_device(const std::vector<Tensor>& grads, double max_no
     const double norm = groups.empty() ? 0.0 : norm_of(groups);
     double factor = 1.0;
     if (max_norm > 0 && std::isfinite(norm)) factor = std::min(1.0, max_norm / (norm + 1e-6));
-    return {Tensor::full({}, norm, DType::F32, device), Tensor::full({}, factor, DType::F64, device)};
+    GradClip c{Tensor::full({}, norm, DType::F32, device), Tensor::empty({}, DType::I64, device)};
+    std::memcpy(c.factor.data_ptr(), &factor, sizeof(double));
+    return c;
   }
-  GradClip c{Tensor::empty({}, DType::F32, device), Tensor::empty({}, DType::F64, device)};
+  GradClip c{Tensor::empty({}, DType::F32, device), Tensor::empty({}, DType::I64, device)};
   kernels::dispatch(kernels::clip_by_global_norm, "grad_clip_factor_device", device, groups.front().second, c.norm,
                     max_norm, c.factor);
   return c;

@@ -22,7 +22,7 @@ struct AdamWOptions {
 // Without a master (optimizer.master_weights "none"): `param` may itself be bf16/f16 (no
 // param_copy); the update is the same f32 arithmetic on its widened value, stored back rounded
 // stochastically with `stochastic_rounding_seed` (to nearest when 0), bit-identical on CPU and CUDA.
-// `grad_scale`: undefined, or a [] f64 on the parameter's device (grad_clip_factor_device's factor):
+// `grad_scale`: undefined, or grad_clip_factor_device's factor on the parameter's device:
 // the gradient is multiplied by it and rounded to its dtype before the update, as clip_grad_norm's
 // in-place scaling rounds it, so the step equals clipping then stepping, bit for bit, while the
 // gradient tensor itself is left unscaled (one pass over the gradients fewer).
@@ -66,11 +66,15 @@ Tensor clip_grad_norm_device(const std::vector<Tensor>& grads, double max_norm);
 Tensor global_grad_norm_device(const std::vector<Tensor>& grads);
 
 // clip_grad_norm_device without the scaling: the norm ([] f32) and the clip factor
-// min(1, max_norm / (norm + 1e-6)) ([] f64; 1 when max_norm <= 0 or the norm is not finite), both on
-// the gradients' device, no synchronisation; the gradients are left as they are. adamw_step with the
+// min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0 or the norm is not finite), both on the
+// gradients' device, no synchronisation; the gradients are left as they are. adamw_step with the
 // factor as its grad_scale then equals clip_grad_norm_device followed by adamw_step, bit for bit.
+// The factor is an f64 held as its 8 bytes in a [] i64 tensor (f64 tensors are CPU-only; the
+// in-place scaling multiplies in f64, so an f32 factor would round differently); factor_value()
+// reads it on the host (a synchronisation).
 struct GradClip {
   Tensor norm, factor;
+  double factor_value() const;
 };
 GradClip grad_clip_factor_device(const std::vector<Tensor>& grads, double max_norm);
 
