@@ -14,11 +14,17 @@
 //   version moves 2 bytes per element more, reading y back for the cast, and launches twice). (The
 //   norms' producers are the plain op and the cast since their fused kernels measured slower:
 //   bench/notes/step_profile.md, "FP8 casts".)
+//   The MLP's gate/up projections and SwiGLU, forward + backward through the tape (seeded): the separate
+//   entries (linear_fp8 over {gate, up}, then swiglu_fp8; SwiGLU's backward writes bf16 dgate/dup, then
+//   two standalone casts: BM_gate_up_separate) against swiglu_gate_up_fp8 (its backward kernel writes
+//   the gradients' casts directly: BM_gate_up_combined); (C, I) the 1.5B and the 9B MLP; TFLOP/s over
+//   the six GEMM passes (2 x 6 T C I FLOP).
 // Counters: TFLOP/s (GEMMs, linears) and GB/s (casts, copies, SwiGLU). The scales are seeded (one
 // roll) so the timed path is the delayed one (no amax pre-pass; the fused SwiGLU needs it).
 #include <benchmark/benchmark.h>
 
 #include <functional>
+#include <vector>
 
 #include "bench_common.cuh"
 #include "kestrel/autograd/grad_mode.h"
@@ -118,6 +124,30 @@ void run_swiglu(benchmark::State& state, bool fused) {
 void BM_swiglu_cast(benchmark::State& state) { run_swiglu(state, false); }
 void BM_swiglu_fp8(benchmark::State& state) { run_swiglu(state, true); }
 
+// gate/up + SwiGLU forward and backward, the input cast made by fp8_input_cast (as the norm producer
+// makes it), the state seeded (the fused backward kernel's path).
+void run_gate_up(benchmark::State& state, bool combined) {
+  const int64_t C = state.range(0), I = state.range(1);
+  Tensor x = rnd({kTokens, C}), wg = rnd({I, C}, 0.02), wu = rnd({I, C}, 0.02), ds = rnd({kTokens, I}, 1e-3);
+  Fp8State st(3, Fp8Recipe{}, kGpu);
+  st.load(Tensor::full({9, Fp8Recipe{}.amax_history}, 4.0), Tensor::full({9}, 112.0), 1);
+  for (Tensor* t : {&x, &wg, &wu}) t->set_requires_grad(true);
+  time_loop(state, [&] {
+    Fp8InputCast x8 = fp8_input_cast(x, st, 0, true);
+    Tensor s;
+    if (combined) {
+      s = swiglu_gate_up_fp8(x, wg, wu, st, 0, 1, 2, true, &x8).y;
+    } else {
+      std::vector<Tensor> gu = linear_fp8(x, {wg, wu}, {}, st, {0, 1}, &x8);
+      s = swiglu_fp8(gu[0], gu[1], st, 2, true).y;
+    }
+    autograd::backward({s}, {ds});
+    for (Tensor* t : {&x, &wg, &wu}) t->zero_grad();
+  }, 12.0 * kTokens * C * I);
+}
+void BM_gate_up_separate(benchmark::State& state) { run_gate_up(state, false); }
+void BM_gate_up_combined(benchmark::State& state) { run_gate_up(state, true); }
+
 #define SHAPES(b)                                                                                   \
   BENCHMARK(b)->Args({2048, 2048})->Args({2048, 512})->Args({2048, 8192})->Args({8192, 2048})->UseManualTime() \
       ->Unit(benchmark::kMillisecond)->MinTime(0.2)
@@ -130,6 +160,9 @@ COLUMNS(BM_cast_fp8);
 COLUMNS(BM_copy);
 COLUMNS(BM_swiglu_cast);
 COLUMNS(BM_swiglu_fp8);
+#define MLP(b) BENCHMARK(b)->Args({2048, 8192})->Args({4096, 14336})->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2)
+MLP(BM_gate_up_separate);
+MLP(BM_gate_up_combined);
 
 }  // namespace
 }  // namespace kestrel
