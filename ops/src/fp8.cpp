@@ -1,16 +1,17 @@
 // FP8 ops (kestrel/ops/fp8.h): argument checks, the delayed-scaling state, and linear_fp8's forward
-// and backward GEMMs. The kernels are in cpu/fp8.cpp (exact emulation) and cuda/fp8*.cu.
+// and backward GEMMs; swiglu_gate_up_fp8 (kestrel/ops/fp8_producers.h), which shares them. The kernels
+// are in cpu/fp8.cpp (exact emulation) and cuda/fp8*.cu.
 #include "kestrel/ops/fp8.h"
 
 #include <vector>
 
 #include "src/fp8_input.h"
 #include "kernels/activation.h"
-#include "kestrel/ops/fp8_producers.h"
 #include "kernels/fp8.h"
 #include "kestrel/autograd/grad_mode.h"
 #include "kestrel/autograd/tape.h"
 #include "kestrel/ops/elementwise.h"
+#include "kestrel/ops/fp8_producers.h"
 #include "kestrel/ops/shape.h"
 
 namespace kestrel {

@@ -1,5 +1,7 @@
 // The ops that produce a linear_fp8 input, fused with its FP8 input cast (issue 23): the decoder's
-// RMSNorm before q/k/v, the residual add + RMSNorm before gate/up, and SwiGLU before down.
+// RMSNorm before q/k/v, the residual add + RMSNorm before gate/up, and SwiGLU before down; and
+// swiglu_gate_up_fp8 (at the end), the gate/up projections and SwiGLU as one entry whose backward
+// writes the gate/up output gradients' casts in SwiGLU's backward pass.
 //
 // Each returns the op's output y (bf16; f32 too on the CPU), differentiable exactly as rms_norm /
 // add_rms_norm / swiglu (the same tape entry: dX of the linear flows into y), together with the cast
