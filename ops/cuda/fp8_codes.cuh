@@ -174,9 +174,11 @@ __global__ void __launch_bounds__(kTileThreads, 3) cast_tile_kernel(Src src, Cas
 
 // The tile kernel for a source with two outputs (SwiGLU's backward: dgate and dup), each cast with
 // its own target (a[0], a[1]; the same layouts asked of both): finish(raw, r, c, v0, v1) gives the
-// two outputs' 8 values. Two shared tiles; otherwise cast_tile_kernel's phases.
+// two outputs' 8 values. Two shared tiles (32 KiB); otherwise cast_tile_kernel's phases. Three blocks
+// per SM (80 registers): 4.2 ms against 5.1 ms with two, for the 1.5B step's 16 layers at [8192, 8192];
+// 4 units' loads in flight instead of 2 were slower either way (bench/RESULTS.md, ninth session).
 template <class Src, bool kPlain, bool kTrans>
-__global__ void __launch_bounds__(kTileThreads, 2) cast_tile2_kernel(Src src, CastArgs a0, CastArgs a1, int64_t R,
+__global__ void __launch_bounds__(kTileThreads, 3) cast_tile2_kernel(Src src, CastArgs a0, CastArgs a1, int64_t R,
                                                                       int64_t C) {
   __shared__ __align__(16) uint8_t tile[2][kTileRows][kTileCols];
   const float s0 = *a0.scale, s1 = *a1.scale;
