@@ -24,7 +24,7 @@ steps=("$@")
 # -Og: the instrumented code builds in about two thirds of -O1's time (the same checks; -O1 was most
 # of CI's sanitizer step) and runs fast enough; -g1 for file:line in reports, frame pointers for stacks.
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-Og -g1 -fno-omit-frame-pointer"
-        -DKESTREL_CUDA=OFF -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=OFF)
+        -DKESTREL_CUDA=OFF -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=OFF -DKESTREL_UNITY_TESTS=ON)
 
 for step in "${steps[@]}"; do
   start=$(date +%s)

@@ -18,9 +18,11 @@ BUILD_DIR=${KESTREL_BUILD_DIR:-build}
 t_start=$(date +%s)
 phase() { echo "[test.sh] $1 done at $(( $(date +%s) - t_start )) s"; }  # CI's time budget, per phase
 phase "set-up"
-# Eight flash attention instantiation files per nvcc unit (CMakeLists.txt, KESTREL_CUDA_INST_PER_TU):
-# the same kernels in a fraction of the compile time on CI's two cores.
-kestrel_configure_and_build "$BUILD_DIR" -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=ON -DKESTREL_CUDA_INST_PER_TU=8
+# Eight flash attention instantiation files per nvcc unit (CMakeLists.txt, KESTREL_CUDA_INST_PER_TU)
+# and the CPU test suites in unity batches (KESTREL_UNITY_TESTS): the same code in a fraction of the
+# compile time on CI's two cores.
+kestrel_configure_and_build "$BUILD_DIR" -DKESTREL_BUILD_TESTS=ON -DKESTREL_BUILD_BENCH=ON -DKESTREL_CUDA_INST_PER_TU=8 \
+  -DKESTREL_UNITY_TESTS=ON
 phase "build"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
 phase "ctest"

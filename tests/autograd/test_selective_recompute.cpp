@@ -41,9 +41,9 @@ Tensor costly(const Tensor& x) {
   return y;
 }
 
-struct Stack {
+struct SelectiveStack {
   std::vector<Tensor> weights;
-  explicit Stack(int layers, int width) {
+  explicit SelectiveStack(int layers, int width) {
     for (int i = 0; i < layers; ++i)
       weights.push_back(randn({width, width}, DType::F32, Device::cpu(), 0.3).set_requires_grad(true));
   }
@@ -69,7 +69,7 @@ struct Result {
   int64_t activation_after_forward = 0;  // Activation bytes held when backward starts
 };
 
-Result run(Stack& s, const Tensor& x0, ag::RecomputePolicy policy, bool selective) {
+Result run(SelectiveStack& s, const Tensor& x0, ag::RecomputePolicy policy, bool selective) {
   for (auto& w : s.weights) w.zero_grad();
   g_costly_runs = 0;
   Tensor x = x0.clone().set_requires_grad(true);
@@ -94,7 +94,7 @@ Result run(Stack& s, const Tensor& x0, ag::RecomputePolicy policy, bool selectiv
 
 TEST(SelectiveRecompute, SameGradientsAndTheKeptOpRunsOnce) {
   const int layers = 6, width = 40, rows = 24;
-  Stack s(layers, width);
+  SelectiveStack s(layers, width);
   Tensor x = randn({rows, width});
   Result plain = run(s, x, ag::RecomputePolicy::None, false);
   Result full = run(s, x, ag::RecomputePolicy::Keep, false);
@@ -127,10 +127,10 @@ TEST(SelectiveRecompute, MatchesFiniteDifferences) {
       {randn({3, 5}, DType::F64), w}));
 }
 
-struct CountingHandle final : ag::OffloadHandle {
+struct PrefetchCountingHandle final : ag::OffloadHandle {
   Tensor t;
   int* prefetched;
-  CountingHandle(Tensor x, int* p) : t(std::move(x)), prefetched(p) {}
+  PrefetchCountingHandle(Tensor x, int* p) : t(std::move(x)), prefetched(p) {}
   void prefetch() override { ++*prefetched; }
   Tensor get() override { return t; }
 };
@@ -140,9 +140,9 @@ TEST(SelectiveRecompute, KeptOutputsAreOffloadedWithTheInputs) {
   int prefetched = 0;
   ag::set_offloader(Device::cpu(), [&](const Tensor& t) -> std::unique_ptr<ag::OffloadHandle> {
     offloaded.push_back(t.numel());
-    return std::make_unique<CountingHandle>(t, &prefetched);
+    return std::make_unique<PrefetchCountingHandle>(t, &prefetched);
   });
-  Stack s(3, 8);
+  SelectiveStack s(3, 8);
   Tensor x = randn({5, 8});
   Result sel = run(s, x, ag::RecomputePolicy::Offload, true);
   ag::set_offloader(Device::cpu(), nullptr);

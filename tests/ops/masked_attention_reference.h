@@ -13,13 +13,9 @@
 #include <vector>
 
 #include "kestrel/runtime/tensor.h"
+#include "support/numerics.h"
 
 namespace kestrel::testing {
-
-inline std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
 
 // Relative L2 with the reference's RMS floored at 1e-3 (a row that sees one key has dq = dk = 0, so
 // those are compared in absolute terms); equal infinities (lse of an empty row) are skipped.

@@ -10,33 +10,18 @@
 #include "kestrel/ops/attention.h"
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
+#include "ops/attention_case_util.h"
 #include "support/numerics.h"
 
 namespace kestrel {
 namespace {
+using testing::host_f64;
 using testing::randn;
 
-Tensor cu_from(const std::vector<int64_t>& lens) {
-  std::vector<int64_t> cu{0};
-  for (int64_t l : lens) cu.push_back(cu.back() + l);
-  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
-}
-int64_t total(const std::vector<int64_t>& lens) {
-  int64_t s = 0;
-  for (int64_t l : lens) s += l;
-  return s;
-}
-int64_t max_of(const std::vector<int64_t>& lens) {
-  int64_t m = 0;
-  for (int64_t l : lens) m = std::max(m, l);
-  return m;
-}
+using testing::cu_from;
+using testing::max_of;
+using testing::sum_of;
 
-// Host values in f64 (Tensor::to_double_vector goes through f32).
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
 
 struct RefOut {
   std::vector<double> out, lse;  // [total_q, Hq, D], [total_q, Hq]
@@ -84,7 +69,7 @@ RefOut reference(const Tensor& q, const Tensor& k, const Tensor& v, const std::v
   return r;
 }
 
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+double rel_err_unfloored(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::isinf(b[i]) && a[i] == b[i]) continue;
@@ -98,7 +83,7 @@ void check_forward(const std::vector<int64_t>& lq, const std::vector<int64_t>& l
                    bool causal, DType dt, double scale = 0.0) {
   SCOPED_TRACE(::testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " D=" << D << " causal=" << causal
                                     << " docs=" << lq.size() << " dtype=" << dtype_name(dt));
-  Tensor q = randn({total(lq), Hq, D}, dt), k = randn({total(lk), Hkv, D}, dt), v = randn({total(lk), Hkv, D}, dt);
+  Tensor q = randn({sum_of(lq), Hq, D}, dt), k = randn({sum_of(lk), Hkv, D}, dt), v = randn({sum_of(lk), Hkv, D}, dt);
   AttentionOptions o;
   o.causal = causal;
   o.softmax_scale = scale;
@@ -106,11 +91,11 @@ void check_forward(const std::vector<int64_t>& lq, const std::vector<int64_t>& l
   double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
   RefOut ref = reference(q, k, v, lq, lk, causal, s);
   ASSERT_EQ(r.out.shape(), q.shape());
-  ASSERT_EQ(r.lse.shape(), (Shape{total(lq), Hq}));
+  ASSERT_EQ(r.lse.shape(), (Shape{sum_of(lq), Hq}));
   ASSERT_EQ(r.lse.dtype(), DType::F32);
   EXPECT_TRUE(testing::all_finite(r.out));
   double tol = dt == DType::F64 ? 1e-12 : 2 * testing::dtype_tolerance(dt);
-  EXPECT_LT(rel_err(host_f64(r.out), ref.out), tol);
+  EXPECT_LT(rel_err_unfloored(host_f64(r.out), ref.out), tol);
   std::vector<double> lse = host_f64(r.lse);
   for (size_t i = 0; i < lse.size(); ++i) {
     if (std::isinf(ref.lse[i])) {
@@ -176,8 +161,8 @@ void check_grad(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, 
   o.causal = causal;
   EXPECT_TRUE(testing::gradcheck(
       [&](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], cq, ck, mq, mk, o).out; },
-      {randn({total(lq), Hq, D}, DType::F64), randn({total(lk), Hkv, D}, DType::F64),
-       randn({total(lk), Hkv, D}, DType::F64)}));
+      {randn({sum_of(lq), Hq, D}, DType::F64), randn({sum_of(lk), Hkv, D}, DType::F64),
+       randn({sum_of(lk), Hkv, D}, DType::F64)}));
 }
 
 TEST(Attention, GradcheckF64) {

@@ -14,33 +14,22 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
 #include "masked_attention_reference.h"
+#include "ops/attention_case_util.h"
 #include "support/numerics.h"
 
 namespace kestrel {
 namespace {
 using testing::randn;
 
-Tensor cu_from(const std::vector<int64_t>& lens) {
-  std::vector<int64_t> cu{0};
-  for (int64_t l : lens) cu.push_back(cu.back() + l);
-  return Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::I32);
-}
-int64_t total(const std::vector<int64_t>& lens) {
-  int64_t s = 0;
-  for (int64_t l : lens) s += l;
-  return s;
-}
-int64_t max_of(const std::vector<int64_t>& lens) {
-  int64_t m = 0;
-  for (int64_t l : lens) m = std::max(m, l);
-  return m;
-}
+using testing::cu_from;
+using testing::max_of;
+using testing::sum_of;
 using testing::host_f64;
 using testing::rel_err;
 
 // transformers' sliding-window causal mask, written out from its definition (masking_utils:
 // kv_idx <= q_idx and kv_idx > q_idx - sliding_window), with bottom-right alignment.
-bool visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int64_t window) {
+bool window_visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int64_t window) {
   const int64_t qi = i + len_k - len_q;  // the query's position in key coordinates
   return j <= qi && (window <= 0 || j > qi - window);
 }
@@ -51,7 +40,7 @@ using Ref = testing::AttentionRef;
 Ref reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const std::vector<int64_t>& lq,
               const std::vector<int64_t>& lk, int64_t window) {
   return testing::masked_attention_reference(q, k, v, dout, lq, lk, [&](size_t, int64_t i, int64_t j, int64_t nq, int64_t nk) {
-    return visible(i, j, nq, nk, window);
+    return window_visible(i, j, nq, nk, window);
   });
 }
 
@@ -59,10 +48,10 @@ void check(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64
            int64_t window, DType dt) {
   SCOPED_TRACE(::testing::Message() << "window=" << window << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D
                                     << " docs=" << lq.size() << " dtype=" << dtype_name(dt));
-  Tensor q = randn({total(lq), Hq, D}, dt).set_requires_grad(true);
-  Tensor k = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
-  Tensor v = randn({total(lk), Hkv, D}, dt).set_requires_grad(true);
-  Tensor dout = randn({total(lq), Hq, D}, dt);
+  Tensor q = randn({sum_of(lq), Hq, D}, dt).set_requires_grad(true);
+  Tensor k = randn({sum_of(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor v = randn({sum_of(lk), Hkv, D}, dt).set_requires_grad(true);
+  Tensor dout = randn({sum_of(lq), Hq, D}, dt);
   AttentionOptions o;
   o.window = window;
   AttentionOutput r = attention(q, k, v, cu_from(lq), cu_from(lk), max_of(lq), max_of(lk), o);
@@ -122,8 +111,8 @@ TEST(AttentionWindow, GradcheckF64) {
           [&](const std::vector<Tensor>& in) {
             return attention(in[0], in[1], in[2], cq, ck, max_of(lq), max_of(lk), o).out;
           },
-          {randn({total(lq), 4, 3}, DType::F64), randn({total(lk), 2, 3}, DType::F64),
-           randn({total(lk), 2, 3}, DType::F64)}));
+          {randn({sum_of(lq), 4, 3}, DType::F64), randn({sum_of(lk), 2, 3}, DType::F64),
+           randn({sum_of(lk), 2, 3}, DType::F64)}));
     }
 }
 

@@ -16,13 +16,9 @@
 
 namespace kestrel {
 namespace {
+using testing::host_f64;
 using testing::randn;
 
-// Host values in f64 (Tensor::to_double_vector and item() go through f32).
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
 double item_f64(const Tensor& t) { return host_f64(t)[0]; }
 
 // Float64 loop reference of the formula in cross_entropy.h.

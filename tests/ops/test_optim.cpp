@@ -13,12 +13,9 @@
 
 namespace kestrel {
 namespace {
+using testing::host_f64;
 using testing::randn;
 
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
 
 void check_adamw(DType grad_dtype, int64_t n) {
   SCOPED_TRACE(::testing::Message() << "grad " << dtype_name(grad_dtype) << " n=" << n);

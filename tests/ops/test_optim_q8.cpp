@@ -13,12 +13,9 @@
 
 namespace kestrel {
 namespace {
+using testing::host_f64;
 using testing::randn;
 
-std::vector<double> host_f64(const Tensor& t) {
-  Tensor h = t.to(Device::cpu()).to(DType::F64).contiguous();
-  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
-}
 
 std::vector<uint8_t> bits(const Tensor& t) {
   Tensor h = t.to(Device::cpu()).contiguous();

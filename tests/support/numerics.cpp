@@ -42,6 +42,11 @@ double rel_l2_floored(const Tensor& a, const Tensor& b, double rms_floor) {
   return std::sqrt(num) / std::max({std::sqrt(den), floor, 1e-300});
 }
 
+std::vector<double> host_f64(const Tensor& t) {
+  Tensor h = t.to(Device::cpu()).to(DType::F64).contiguous();
+  return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   auto x = a.to(Device::cpu()).to(DType::F64).contiguous();
   auto y = b.to(Device::cpu()).to(DType::F64).contiguous();

@@ -23,6 +23,8 @@ double rel_l2(const Tensor& a, const Tensor& b);
 // judged in absolute terms against elements of size rms_floor instead of dividing by ~0.
 double rel_l2_floored(const Tensor& a, const Tensor& b, double rms_floor);
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// A tensor's values as f64 on the host (any device; Tensor::to_double_vector and item() go through f32).
+std::vector<double> host_f64(const Tensor& t);
 bool all_finite(const Tensor& t);
 
 // Typical error bound for results stored in `dtype` (relative L2).

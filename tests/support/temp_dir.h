@@ -1,5 +1,5 @@
 // Test scratch space: a fresh folder under the system temp dir, removed with its contents when the
-// object goes, and whole-file byte reads and writes.
+// object goes, and whole-file byte reads and writes; the source tree's root (configs/, tools/).
 #pragma once
 
 #include <filesystem>
@@ -26,6 +26,11 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// The repository's root, from this header's own path (tests/support/ is two levels below it).
+inline std::string source_dir() {
+  return (std::filesystem::path(__FILE__).parent_path() / ".." / "..").lexically_normal().string();
+}
 
 inline std::string read_bytes(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -21,13 +21,14 @@
 #include "train/src/checkpoint_manifest.h"
 #include "train/src/xxhash64.h"
 #include "trainer_fixtures.h"
+#include "support/errors.h"
 
 namespace kestrel::train {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_ckpt", n); }
+std::string checkpoint_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_ckpt", n); }
 
 // `steps` steps with a checkpoint every `every` steps, all kept; `extra` overrides top-level keys.
 json run_cfg(const std::string& out, int64_t steps, int64_t every, const json& extra = json::object(),
@@ -59,14 +60,7 @@ TrainSummary train(const json& cfg, const std::string& resume = "", Logged* log 
   return t.run();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using kestrel::testing::error_of;
 
 std::string ckpt(const std::string& out, int64_t step) {
   char buf[32];
@@ -98,7 +92,7 @@ TEST(Xxhash64, KnownAnswers) {
 
 // Flipped bits in optimizer data used to resume silently (the loss went to NaN, exit 0).
 TEST(Checkpoint, FlippedByteIsRefusedNamingTheFileAndLatestFallsBack) {
-  std::string out = tmp("flip");
+  std::string out = checkpoint_tmp("flip");
   train(run_cfg(out, 4, 2));
   ASSERT_TRUE(verify_checkpoint(ckpt(out, 4)).empty()) << verify_checkpoint(ckpt(out, 4));
   flip_last_byte(fs::path(ckpt(out, 4)) / "optimizer.safetensors");
@@ -120,7 +114,7 @@ TEST(Checkpoint, FlippedByteIsRefusedNamingTheFileAndLatestFallsBack) {
 // A kill while the old code pruned (remove_all) left a step folder without its optimizer state that
 // still counted as complete; --resume latest then failed instead of falling back.
 TEST(Checkpoint, HalfDeletedFolderIsSkippedAndLeftoversAreCleaned) {
-  std::string out = tmp("prune");
+  std::string out = checkpoint_tmp("prune");
   train(run_cfg(out, 4, 2));
   fs::remove(fs::path(ckpt(out, 4)) / "optimizer.safetensors");
   EXPECT_EQ(latest_checkpoint(out), ckpt(out, 2));
@@ -144,7 +138,7 @@ TEST(Checkpoint, HalfDeletedFolderIsSkippedAndLeftoversAreCleaned) {
 
 // Pruning keeps exactly `keep` intact folders and never leaves hidden leftovers.
 TEST(Checkpoint, PruningRenamesFirst) {
-  std::string out = tmp("keep");
+  std::string out = checkpoint_tmp("keep");
   train(run_cfg(out, 6, 1, {{"keep_checkpoints", 2}}));
   std::vector<std::string> all = checkpoint_folders(out);
   ASSERT_EQ(all.size(), 2u);
@@ -157,7 +151,7 @@ TEST(Checkpoint, PruningRenamesFirst) {
 
 // The step in the folder name, the manifest and trainer_state.json must agree.
 TEST(Checkpoint, RenamedFolderIsNotTrusted) {
-  std::string out = tmp("renamed");
+  std::string out = checkpoint_tmp("renamed");
   train(run_cfg(out, 2, 2));
   fs::rename(ckpt(out, 2), ckpt(out, 8));
   std::string p = verify_checkpoint(ckpt(out, 8));
@@ -168,7 +162,7 @@ TEST(Checkpoint, RenamedFolderIsNotTrusted) {
 // Inside a checkpoint, an index pointing at another step's weights resumed silently with them, even
 // when the manifest was rewritten to match.
 TEST(Checkpoint, IndexPointingOutsideTheFolderIsNotTrusted) {
-  std::string out = tmp("index");
+  std::string out = checkpoint_tmp("index");
   train(run_cfg(out, 4, 2));
   fs::path d = ckpt(out, 4);
   fs::remove(d / "model.safetensors");
@@ -185,7 +179,7 @@ TEST(Checkpoint, IndexPointingOutsideTheFolderIsNotTrusted) {
 
 // --resume into a different config continued silently; now it names the differences and refuses.
 TEST(Checkpoint, ResumeIntoADifferentConfigIsRefused) {
-  std::string out = tmp("config");
+  std::string out = checkpoint_tmp("config");
   train(run_cfg(out, 2, 2));
   std::string m = error_of([&] { train(run_cfg(out, 4, 2, json::object(), {{"lr", 1e-2}}), "latest"); });
   EXPECT_NE(m.find("train.lr: saved 0.003, now 0.01"), std::string::npos) << m;
@@ -232,7 +226,7 @@ TEST(Checkpoint, ResumeFromBeforeWeightDecayParamsIsComparedAsAll) {
 // A fresh run in an out_dir with another run's checkpoints pruned them as its own oldest and made
 // --resume latest continue the other run.
 TEST(Checkpoint, FreshRunRefusesAnotherRunsOutDir) {
-  std::string out = tmp("foreign");
+  std::string out = checkpoint_tmp("foreign");
   train(run_cfg(out, 2, 2));
   const std::string before = read_bytes(fs::path(ckpt(out, 2)) / "model.safetensors");
   std::string m = error_of([&] { train(run_cfg(out, 4, 2, json::object(), {{"lr", 1e-2}})); });
@@ -248,7 +242,7 @@ TEST(Checkpoint, FreshRunRefusesAnotherRunsOutDir) {
 
 // A checkpoint that does not fit must fail before writing anything, keeping the previous one.
 TEST(Checkpoint, DiskFullFailsClearlyAndKeepsThePreviousCheckpoint) {
-  std::string out = tmp("diskfull");
+  std::string out = checkpoint_tmp("diskfull");
   train(run_cfg(out, 2, 2));
   std::map<std::string, std::string> before;
   for (auto& e : fs::directory_iterator(ckpt(out, 2))) before[e.path().filename()] = read_bytes(e.path());
@@ -269,7 +263,7 @@ TEST(Checkpoint, DiskFullFailsClearlyAndKeepsThePreviousCheckpoint) {
 // The smaller forms: bf16 halves the optimizer file and says the resume is not exact; none has no
 // optimizer file and restarts the optimizer with a warning. Both resume and keep training.
 TEST(Checkpoint, OptimizerStateForms) {
-  std::string full = tmp("full"), half = tmp("bf16"), none = tmp("none");
+  std::string full = checkpoint_tmp("full"), half = checkpoint_tmp("bf16"), none = checkpoint_tmp("none");
   train(run_cfg(full, 2, 2));
   train(run_cfg(half, 2, 2, {{"checkpoint_optimizer_state", "bf16"}}));
   train(run_cfg(none, 2, 2, {{"checkpoint_optimizer_state", "none"}}));
@@ -291,7 +285,7 @@ TEST(Checkpoint, OptimizerStateForms) {
 
 // A kill left torn and extra metrics lines; a resume keeps exactly the steps the checkpoint saw.
 TEST(Checkpoint, ResumeTrimsMetricsToTheCheckpoint) {
-  std::string out = tmp("metrics");
+  std::string out = checkpoint_tmp("metrics");
   train(run_cfg(out, 3, 2));
   fs::remove_all(ckpt(out, 3));  // killed before its step-3 checkpoint: metrics are one step ahead
   {
@@ -325,7 +319,7 @@ std::string error_within_30s(const std::string& fifo, const std::function<void()
 }
 
 TEST(Checkpoint, MetricsPathThatIsNotARegularFileIsRefused) {
-  const std::string out = tmp("metrics_fifo");
+  const std::string out = checkpoint_tmp("metrics_fifo");
   const std::string metrics = out + "/metrics.jsonl";
   fs::create_directories(out);
   ASSERT_EQ(::mkfifo(metrics.c_str(), 0600), 0);
@@ -354,7 +348,7 @@ TEST(Checkpoint, MetricsPathThatIsNotARegularFileIsRefused) {
 // A non-finite loss used to carry on (NaN losses, exit 0). lr 1e30 blows the weights up after
 // step 1, so step 2's loss is not finite.
 TEST(Checkpoint, NonFiniteLossStopsKeepingTheLastGoodCheckpoint) {
-  std::string out = tmp("nan");
+  std::string out = checkpoint_tmp("nan");
   json cfg = run_cfg(out, 5, 1, json::object(), {{"lr", 1e30}, {"min_lr", 1e29}, {"warmup_steps", 0}});
   std::string m = error_of([&] { train(cfg); });
   EXPECT_NE(m.find("non-finite"), std::string::npos) << m;
@@ -362,7 +356,7 @@ TEST(Checkpoint, NonFiniteLossStopsKeepingTheLastGoodCheckpoint) {
   EXPECT_NE(m.find("last good checkpoint is " + ckpt(out, 1)), std::string::npos) << m;
   EXPECT_EQ(checkpoint_folders(out), std::vector<std::string>{ckpt(out, 1)});
   // "skip": the run goes on without applying the bad updates.
-  std::string out2 = tmp("nan_skip");
+  std::string out2 = checkpoint_tmp("nan_skip");
   Logged log;
   json skip = run_cfg(out2, 3, 0, json::object(), {{"lr", 1e30}, {"min_lr", 1e29}, {"warmup_steps", 0}, {"nonfinite", "skip"}});
   EXPECT_EQ(train(skip, "", &log).steps, 3);

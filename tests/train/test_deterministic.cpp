@@ -24,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_deterministic", n); }
+std::string deterministic_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_deterministic", n); }
 
 TEST(Deterministic, ConfigKeyIsATypedBoolean) {
   json cfg = default_train_config();
@@ -51,7 +51,7 @@ TEST(Deterministic, ConfigKeyIsATypedBoolean) {
 }
 
 TEST(Deterministic, TheSettingReachesEveryModelOfTheTask) {
-  const std::string dir = tmp("tasks");
+  const std::string dir = deterministic_tmp("tasks");
   const json text = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
                      {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}};
   const json configs[] = {testing::tiny_vlm_run(dir + "/vlm", {{"steps", 1}}),
@@ -83,7 +83,7 @@ TEST(Deterministic, ResumingWithItSwitchedOnIsNotAConfigChangeAndStaysExact) {
   // Straight: 8 steps. Cut: the same run checkpointed at 4 (the step-8 checkpoint removed), then
   // resumed with train.deterministic on. On the CPU both settings run the same kernels, so the
   // resumed run must equal the straight one bit for bit (losses and final weights).
-  const std::string a = tmp("straight"), b = tmp("cut");
+  const std::string a = deterministic_tmp("straight"), b = deterministic_tmp("cut");
   auto cfg = [](const std::string& dir, bool det) {
     return testing::tiny_vlm_run(dir, {{"steps", 8}, {"batch_size", 4}, {"deterministic", det}},
                                  {{"checkpoint_every", 4}});
@@ -118,7 +118,7 @@ TEST(Deterministic, ResumingWithItSwitchedOnIsNotAConfigChangeAndStaysExact) {
 TEST(Deterministic, TheThreadCountDoesNotChangeTheBits) {
   // `threads` may differ on resume (not compared), so a CPU run's bits must not depend on it: every
   // CPU reduction splits at fixed blocks and adds the partials in block order.
-  const std::string dir = tmp("threads");
+  const std::string dir = deterministic_tmp("threads");
   const int before = num_cpu_threads();
   const json text = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}};

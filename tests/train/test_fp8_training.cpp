@@ -32,7 +32,7 @@ using nlohmann::json;
 using kestrel::testing::error_of;
 using kestrel::testing::expect_has;
 
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_fp8", n); }
+std::string fp8_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_fp8", n); }
 
 const json kText = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 64},
                     {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}};
@@ -135,7 +135,7 @@ std::vector<double> run_losses(json cfg, const std::string& out) {
 }
 
 TEST(Fp8Training, RecomputeRunEqualsThePlainRunBitForBit) {
-  const std::string dir = tmp("recompute");
+  const std::string dir = fp8_tmp("recompute");
   json cfg = testing::tiny_decoder_run(dir, kText, 64, 9, 16, 4, "cpu");
   cfg["train"]["steps"] = 4;
   cfg["train"]["grad_accum"] = 2;
@@ -161,7 +161,7 @@ TEST(Fp8Training, RecomputeRunEqualsThePlainRunBitForBit) {
 // Evaluation and sampling run forwards through the FP8 projections; their amax must not reach
 // training's scales, so how often they run leaves the training losses bit for bit the same.
 TEST(Fp8Training, EvaluationCadenceLeavesTheTrainingLossesAlone) {
-  const std::string dir = tmp("eval_cadence");
+  const std::string dir = fp8_tmp("eval_cadence");
   auto cfg_for = [&](int64_t every) {
     json cfg = testing::tiny_vlm_run(dir + "/e" + std::to_string(every), {{"steps", 5}, {"batch_size", 2}},
                                      {{"eval_every", every}, {"sample_every", every}, {"sample_count", 2},
@@ -182,7 +182,7 @@ TEST(Fp8Training, EvaluationCadenceLeavesTheTrainingLossesAlone) {
 // resumed run's losses are the uninterrupted run's, bit for bit. A checkpoint whose state does not fit
 // the model's linears (another amax_history) is refused.
 TEST(Fp8Training, ResumeIsBitExactAndRefusesAMismatchedState) {
-  const std::string dir = tmp("resume");
+  const std::string dir = fp8_tmp("resume");
   json cfg = testing::tiny_decoder_run(dir, kText, 64, 9, 16, 4, "cpu");
   cfg["train"]["steps"] = 5;
   cfg["fp8"]["enabled"] = true;
@@ -242,7 +242,7 @@ TEST(Fp8Training, ResumeIsBitExactAndRefusesAMismatchedState) {
 // uninterrupted run's parameters and losses bit for bit (had rank 1 kept its own amax, it would resume
 // with rank 0's scales instead of its own, and its casts, so the averaged gradients, would differ).
 TEST(Fp8Training, DataParallelRanksShareOneStateSoResumeIsBitExact) {
-  const std::string dir = tmp("dp");
+  const std::string dir = fp8_tmp("dp");
   json cfg = testing::dp_run(dir, 4, 1);
   cfg["fp8"]["enabled"] = true;
   cfg["mlp_tile_tokens"] = 0;
@@ -272,7 +272,7 @@ TEST(Fp8Training, DataParallelRanksShareOneStateSoResumeIsBitExact) {
 // A step skipped by train.nonfinite "skip" drops its amax: the FP8 state rolls only for applied steps
 // (lr 1e30 blows the weights up in step 1, so steps 2 and 3 are not finite and skipped).
 TEST(Fp8Training, ASkippedStepDoesNotRollTheScales) {
-  const std::string dir = tmp("skip");
+  const std::string dir = fp8_tmp("skip");
   json cfg = testing::tiny_decoder_run(dir, kText, 64, 9, 16, 4, "cpu");
   cfg["train"]["steps"] = 3;
   cfg["train"]["lr"] = 1e30;
@@ -354,7 +354,7 @@ TEST(Fp8Decoder, EnableRefusesUnsupportedModelsAndASecondCall) {
 }
 
 TEST(Fp8Training, TinyDecoderLossFollowsTheF32Run) {
-  const std::string dir = tmp("follow");
+  const std::string dir = fp8_tmp("follow");
   json cfg = testing::tiny_decoder_run(dir, kText, 200, 9, 16, 4, "cpu");
   cfg["train"]["steps"] = 40;
   cfg["train"]["lr"] = 1e-2;

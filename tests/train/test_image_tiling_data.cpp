@@ -32,7 +32,7 @@ using nlohmann::json;
 using kestrel::testing::error_of;
 using kestrel::testing::expect_has;
 
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_tiling", n); }
+std::string tiling_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_tiling", n); }
 
 using kestrel::testing::reference_resize;
 
@@ -74,7 +74,7 @@ std::string write_stretched_shapes(const std::string& dir, int n, const std::vec
 constexpr int64_t kS = 16, kTpi = 4;
 
 TEST(ImageTilingData, BatchOfMixedAspectRatiosIsExactlyTheHandComputedOne) {
-  const std::string dir = tmp("batch");
+  const std::string dir = tiling_tmp("batch");
   fs::create_directories(dir);
   std::mt19937_64 rng(11);
   // With max_tiles 4 and S = 16:
@@ -163,7 +163,7 @@ TEST(ImageTilingData, BatchOfMixedAspectRatiosIsExactlyTheHandComputedOne) {
 }
 
 TEST(ImageTilingData, TinyVlmTrainsOnTiledImageTextRecords) {
-  const std::string dir = tmp("train_jsonl");
+  const std::string dir = tiling_tmp("train_jsonl");
   // Pictures of 16 x 16 (1 tile), 32 x 16 (1 x 2 + thumbnail), 16 x 48 (3 x 1 + thumbnail), 32 x 32
   // (2 x 2 + thumbnail): batches mix 1 to 5 tower images per record.
   const std::string path = write_stretched_shapes(dir, 24, {{16, 16}, {32, 16}, {16, 48}, {32, 32}});
@@ -183,7 +183,7 @@ TEST(ImageTilingData, TinyVlmTrainsOnTiledImageTextRecords) {
 }
 
 TEST(ImageTilingData, TinyVlmTrainsOnTiledShapesAndEvaluates) {
-  const std::string dir = tmp("train_shapes");
+  const std::string dir = tiling_tmp("train_shapes");
   // 32 px shapes pictures for a 16 px tower: 2 x 2 tiles + thumbnail, 5 images and 20 slots per record.
   json cfg = testing::tiny_vlm_run(dir + "/out", {{"steps", 25}, {"batch_size", 4}});
   cfg["data"]["image_size"] = 32;
@@ -232,7 +232,7 @@ TEST(ImageTilingData, VlmChecksImagesPerDocument) {
 }
 
 TEST(ImageTilingData, PlanCountsTheTiles) {
-  const std::string dir = tmp("plan");
+  const std::string dir = tiling_tmp("plan");
   json cfg = testing::tiny_vlm_run(dir + "/out", {{"steps", 2}, {"batch_size", 4}});
   PlanOptions po;
   po.steps = 2;
@@ -279,7 +279,7 @@ TEST(ImageTilingData, ExampleConfigResolvesAndPlans) {
 }
 
 TEST(ImageTilingData, ConfigErrorsNameTheKey) {
-  const std::string dir = tmp("errors");
+  const std::string dir = tiling_tmp("errors");
   json user = {{"data", {{"image_tiling", {{"max_tiles", 4}, {"thumbnial", true}}}}}};
   expect_has(error_of([&] { resolve_train_config(user, "test"); }), {"data.image_tiling.thumbnial", "max_tiles, thumbnail"});
   user = {{"data", {{"image_tiling", {{"max_tiles", "six"}}}}}};

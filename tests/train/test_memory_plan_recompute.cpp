@@ -16,13 +16,14 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "trainer_fixtures.h"
+#include "support/temp_dir.h"
 
 namespace kestrel::train {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string source_dir() { return (fs::path(__FILE__).parent_path() / ".." / "..").lexically_normal().string(); }
+using kestrel::testing::source_dir;
 
 json config_file(const std::string& name) {
   return resolve_train_config(models::read_json_file(source_dir() + "/configs/" + name, "config"), name);

@@ -16,16 +16,14 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "trainer_fixtures.h"
+#include "support/temp_dir.h"
 
 namespace kestrel::train {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string source_dir() {
-  fs::path here = fs::path(__FILE__).parent_path();  // tests/train
-  return (here / ".." / "..").lexically_normal().string();
-}
+using kestrel::testing::source_dir;
 
 json quickstart(const std::string& out_dir, int64_t steps) {
   json cfg = resolve_train_config(models::read_json_file(source_dir() + "/configs/quickstart_vlm.json", "config"),

@@ -24,6 +24,7 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "trainer_fixtures.h"
+#include "support/temp_dir.h"
 
 namespace kestrel::train {
 namespace {
@@ -211,7 +212,7 @@ TEST(PickleWriter, RejectsMisuse) {
   EXPECT_THROW(w2.get(7), Error);    // never memoized
 }
 
-std::string source_dir() { return (fs::path(__FILE__).parent_path() / ".." / "..").lexically_normal().string(); }
+using kestrel::testing::source_dir;
 
 // Replays a snapshot's trace as torch's viewer does: returns the peak of bytes in use (blocks live
 // at the start + allocs - frees); checks that every free matches an earlier alloc or a block the

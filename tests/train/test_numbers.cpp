@@ -8,19 +8,13 @@
 #include "kestrel/train/train_config.h"
 #include "kestrel/train/trainer.h"
 #include "trainer_fixtures.h"
+#include "support/errors.h"
 
 namespace kestrel {
 namespace {
 using nlohmann::json;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using kestrel::testing::error_of;
 
 // kestrel-grad --seq-len 1e12 ran with 1 (std::stoll stops at 'e'); kestrel-mem --steps abc aborted
 // with an uncaught std::invalid_argument.

@@ -11,6 +11,7 @@
 #include "kestrel/runtime/error.h"
 #include "kestrel/train/memory_plan.h"
 #include "trainer_fixtures.h"
+#include "support/errors.h"
 
 namespace kestrel::train {
 namespace {
@@ -34,14 +35,7 @@ nlohmann::json tiny_text() {
           {"tie_word_embeddings", false}};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using kestrel::testing::error_of;
 
 TEST(AdamWCompact, TrainerRefusesContradictoryConfigsNamingTheKeys) {
   const std::string dir = fresh_temp_dir("kestrel_compact", "refuse");

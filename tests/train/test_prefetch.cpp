@@ -88,10 +88,10 @@ json tiny_run(const std::string& out_dir, int64_t steps, int64_t prefetch) {
                                {{"prefetch", prefetch}});
 }
 std::vector<double> losses(const std::string& out_dir) { return testing::metric_losses(out_dir); }
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_prefetch", n); }
+std::string prefetch_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_prefetch", n); }
 
 TEST(Prefetch, ResumeIsExactWithPrefetching) {
-  const std::string a = tmp("inline"), b = tmp("prefetched");
+  const std::string a = prefetch_tmp("inline"), b = prefetch_tmp("prefetched");
   {
     Trainer t(tiny_run(a, 12, 0));  // no prefetching, straight through
     t.set_log_callback([](const std::string&) {});
@@ -135,7 +135,7 @@ TEST(Prefetch, ResumeIsExactWithPrefetching) {
 }
 
 TEST(Trainer, PeriodicGreedySamples) {
-  const std::string d = tmp("samples");
+  const std::string d = prefetch_tmp("samples");
   json c = tiny_run(d, 4, 2);
   c["sample_every"] = 2;
   c["sample_count"] = 2;

@@ -10,11 +10,9 @@
 #include <filesystem>
 #include <string>
 
-namespace {
-std::string source_dir() {
-  return (std::filesystem::path(__FILE__).parent_path() / ".." / "..").lexically_normal().string();
-}
-}  // namespace
+#include "support/temp_dir.h"
+
+using kestrel::testing::source_dir;
 
 TEST(SetupDeps, SimulatedMachines) {
   const std::string script = source_dir() + "/tools/test_setup_deps.sh";

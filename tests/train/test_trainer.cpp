@@ -26,10 +26,10 @@ json tiny_run(const std::string& out_dir, int64_t steps) {
   return testing::tiny_vlm_run(out_dir, {{"steps", steps}, {"batch_size", 4}});
 }
 std::vector<double> losses(const std::string& out_dir) { return testing::metric_losses(out_dir); }
-std::string tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_trainer", n); }
+std::string trainer_tmp(const std::string& n) { return testing::fresh_temp_dir("kestrel_trainer", n); }
 
 TEST(Trainer, ResumeIsExact) {
-  std::string a = tmp("straight"), b = tmp("resumed");
+  std::string a = trainer_tmp("straight"), b = trainer_tmp("resumed");
   {
     Trainer t(tiny_run(a, 20));
     t.set_log_callback([](const std::string&) {});
@@ -67,7 +67,7 @@ TEST(Trainer, ResumeIsExact) {
 }
 
 TEST(Trainer, HalfWrittenCheckpointIsIgnored) {
-  std::string d = tmp("atomic");
+  std::string d = trainer_tmp("atomic");
   fs::create_directories(fs::path(d) / "checkpoints" / ".step_00000005.tmp");
   fs::create_directories(fs::path(d) / "checkpoints" / "step_00000003");  // no trainer_state.json
   EXPECT_EQ(latest_checkpoint(d), "");
@@ -93,7 +93,7 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   EXPECT_EQ(c["model"]["config"]["text_config"]["hidden_size"].get<int>(), 64);
   EXPECT_THROW(apply_override(c, "train.nope=1"), Error);
   EXPECT_THROW(apply_override(c, "justakey"), Error);
-  json bad = tiny_run(tmp("bad"), 1);
+  json bad = tiny_run(trainer_tmp("bad"), 1);
   bad["model"]["config"]["text_config"]["num_attention_heads"] = 3;
   EXPECT_THROW(Trainer t(bad), Error);
 }
@@ -132,7 +132,7 @@ json decoder_run(const std::string& out_dir, const std::string& files, int64_t s
 }
 
 TEST(TokenStream, PacksDocumentsAtTheSeparator) {
-  std::string dir = tmp("stream");
+  std::string dir = trainer_tmp("stream");
   std::string f = write_token_docs(dir, 48, 40, TokenFormat::U32);
   TokenStream s(f, 48, 0);
   TokenBatch b = s.batch(0, 2, 16, Device::cpu());
@@ -151,7 +151,7 @@ TEST(TokenStream, PacksDocumentsAtTheSeparator) {
 }
 
 TEST(Trainer, DecoderOnTokenFilesLearns) {
-  std::string dir = tmp("decoder");
+  std::string dir = trainer_tmp("decoder");
   std::string f = write_token_docs(dir + "/data", 48, 400, TokenFormat::U16);
   Trainer t(decoder_run(dir, dir + "/data/train_*.bin", 40));
   t.set_log_callback([](const std::string&) {});
@@ -164,7 +164,7 @@ TEST(Trainer, DecoderOnTokenFilesLearns) {
 // computed through the model directly, lower after training, logged to eval.jsonl every eval_every
 // steps, and invisible to training (the losses with and without evaluation are the same bits).
 TEST(Trainer, DecoderHeldOutLossOnEvalFiles) {
-  std::string dir = tmp("heldout");
+  std::string dir = trainer_tmp("heldout");
   write_token_docs(dir + "/data", 48, 400, TokenFormat::U16);
   fs::create_directories(dir + "/eval");
   {  // held-out documents: other starting ids and lengths than the training file's
@@ -238,7 +238,7 @@ TEST(Trainer, DecoderHeldOutLossOnEvalFiles) {
 }
 
 TEST(Trainer, TokenDataErrorsNameTheProblem) {
-  std::string dir = tmp("tokerr");
+  std::string dir = trainer_tmp("tokerr");
   std::string f = write_token_docs(dir, 64, 50, TokenFormat::U16);  // ids up to ~63 >= vocab 48
   std::string m = kestrel::testing::error_of([&] { Trainer t(decoder_run(dir + "/out", f, 1)); });
   EXPECT_NE(m.find("vocab"), std::string::npos) << m;
@@ -281,7 +281,7 @@ std::string write_image_text(const std::string& dir, int n, int64_t size) {
 }
 
 TEST(ImageText, JsonlRecordsTrainTheVlm) {
-  std::string dir = tmp("jsonl");
+  std::string dir = trainer_tmp("jsonl");
   std::string path = write_image_text(dir, 24, 20);  // 20 px images, resized to the tower's 16
   json cfg = tiny_run(dir + "/out", 15);
   cfg["data"]["type"] = "jsonl";
@@ -300,7 +300,7 @@ TEST(ImageText, JsonlRecordsTrainTheVlm) {
 }
 
 TEST(ImageText, ErrorsNameFileAndLine) {
-  std::string dir = tmp("jsonl_err");
+  std::string dir = trainer_tmp("jsonl_err");
   std::string path = write_image_text(dir, 2, 16);
   {
     std::ofstream f(path, std::ios::app);
@@ -325,9 +325,9 @@ TEST(ImageText, ErrorsNameFileAndLine) {
 // Image paths stay inside the JSONL's folder (as chat data's do): absolute paths, '..', a symlink out and
 // URLs are refused naming the line.
 TEST(ImageText, ImagePathsStayInsideTheDataFolder) {
-  std::string dir = tmp("jsonl_confined");
+  std::string dir = trainer_tmp("jsonl_confined");
   std::string path = write_image_text(dir, 1, 16);
-  const std::string outside = tmp("jsonl_outside");
+  const std::string outside = trainer_tmp("jsonl_outside");
   fs::create_directories(outside);
   write_ppm(outside + "/x.ppm", std::vector<uint8_t>(16 * 16 * 3, 7), 16, 16);
   fs::create_symlink(outside + "/x.ppm", dir + "/img/link.ppm");
@@ -350,7 +350,7 @@ TEST(ImageText, ImagePathsStayInsideTheDataFolder) {
 // A VLM on image-text or chat data has no held-out captions: evaluation and samples would do nothing, and
 // byte-token captions would ignore a text tokenizer; both are refused by name.
 TEST(ImageText, SettingsThatWouldDoNothingAreRefused) {
-  std::string dir = tmp("jsonl_noeval");
+  std::string dir = trainer_tmp("jsonl_noeval");
   std::string path = write_image_text(dir, 2, 16);
   json cfg = tiny_run(dir + "/out", 2);
   cfg["data"]["type"] = "jsonl";

@@ -30,6 +30,7 @@
 #include "kestrel/train/vlm_export.h"
 #include "support/numerics.h"
 #include "trainer_fixtures.h"
+#include "support/errors.h"
 
 namespace kestrel::train {
 namespace {
@@ -73,14 +74,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kestrel::testing::error_of;
 
 std::set<std::string> split_names(const std::string& s) {
   std::set<std::string> out;

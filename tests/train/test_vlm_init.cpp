@@ -22,6 +22,7 @@
 #include "support/numerics.h"
 #include "train/src/vlm_init.h"
 #include "trainer_fixtures.h"
+#include "support/errors.h"
 
 namespace kestrel::train {
 namespace {
@@ -71,18 +72,11 @@ json tower_run(const std::string& dir, const json& model_config) {
   return cfg;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
+bool bits_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kestrel::testing::error_of;
 
 TEST(VlmInit, TowersLoadFromSiglipAndQwenFolders) {
   for (int variant : {0, 1, 2}) {
@@ -107,9 +101,9 @@ TEST(VlmInit, TowersLoadFromSiglipAndQwenFolders) {
     models::VisionTower tower(mc.vision_config, DType::F32, Device::cpu(), 11, "vision_tower.");
     models::Decoder text(mc.text_config, DType::F32, Device::cpu(), 12, "language_model.");
     for (auto& [name, t] : vlm.parameters().items()) {
-      if (name.starts_with("vision_tower.")) EXPECT_TRUE(same_bits(*t, tower.parameters().get(name))) << name;
-      if (name.starts_with("language_model.")) EXPECT_TRUE(same_bits(*t, text.parameters().get(name))) << name;
-      if (name.starts_with("multi_modal_projector.")) EXPECT_TRUE(same_bits(*t, fresh.parameters().get(name))) << name;
+      if (name.starts_with("vision_tower.")) EXPECT_TRUE(bits_equal(*t, tower.parameters().get(name))) << name;
+      if (name.starts_with("language_model.")) EXPECT_TRUE(bits_equal(*t, text.parameters().get(name))) << name;
+      if (name.starts_with("multi_modal_projector.")) EXPECT_TRUE(bits_equal(*t, fresh.parameters().get(name))) << name;
     }
     fs::remove_all(dir);
   }
@@ -238,10 +232,10 @@ TEST(VlmInit, StageOneFromTowersThenSaveAsOneFolder) {
   std::unique_ptr<models::Vlm> back = build_vlm_for_export(again, "");
   ASSERT_EQ(back->parameters().size(), trained->parameters().size());
   for (auto& [name, t] : trained->parameters().items())
-    EXPECT_TRUE(same_bits(*t, back->parameters().get(name))) << name;
+    EXPECT_TRUE(bits_equal(*t, back->parameters().get(name))) << name;
   // The towers are the folders' (frozen in stage 1), the projector moved.
   models::VisionTower tower(trained->config().vision_config, DType::F32, Device::cpu(), 21, "vision_tower.");
-  for (auto& [name, t] : tower.parameters().items()) EXPECT_TRUE(same_bits(*t, back->parameters().get(name))) << name;
+  for (auto& [name, t] : tower.parameters().items()) EXPECT_TRUE(bits_equal(*t, back->parameters().get(name))) << name;
   fs::remove_all(dir);
 }
 
@@ -272,8 +266,8 @@ TEST(VlmExport, VisionHiddenStateIsTheBlocksOutput) {
   const Tensor last = tower.hidden_state(px, 2);
   const Tensor normed = layer_norm(last, p.get("vision_model.post_layernorm.weight"),
                                    p.get("vision_model.post_layernorm.bias"), 1e-6);
-  EXPECT_TRUE(same_bits(normed, tower.forward(px)));
-  EXPECT_FALSE(same_bits(tower.hidden_state(px, 1), last));
+  EXPECT_TRUE(bits_equal(normed, tower.forward(px)));
+  EXPECT_FALSE(bits_equal(tower.hidden_state(px, 1), last));
   EXPECT_EQ(tower.hidden_state(px, 0).shape(), last.shape());
   EXPECT_NE(error_of([&] { tower.hidden_state(px, 3); }).find("hidden state 3"), std::string::npos);
 }
@@ -318,7 +312,7 @@ TEST(VlmExport, LlavaLayoutNamesAndConfig) {
   Tensor a = vlm_logits(*vlm, ids, px);
   EXPECT_EQ(a.shape(), (Shape{36, 260}));
   vlm->parameters().get("vision_tower.vision_model.post_layernorm.weight").fill_(3.0);
-  EXPECT_TRUE(same_bits(a, vlm_logits(*vlm, ids, px)));
+  EXPECT_TRUE(bits_equal(a, vlm_logits(*vlm, ids, px)));
   fs::remove_all(dir);
 }
 

@@ -23,7 +23,7 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/runtime/memory_trace.h"
-#include "ops/cuda/attention_case_util.h"
+#include "ops/attention_case_util.h"
 #include "support/errors.h"
 #include "support/gpu.h"
 #include "support/numerics.h"

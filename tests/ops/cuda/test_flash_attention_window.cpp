@@ -22,7 +22,7 @@
 #include "kestrel/ops/elementwise.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/cuda/check.h"
-#include "ops/cuda/attention_case_util.h"
+#include "ops/attention_case_util.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 

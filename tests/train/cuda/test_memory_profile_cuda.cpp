@@ -29,6 +29,7 @@
 #include "kestrel/train/trainer.h"
 #include "support/gpu.h"
 #include "../trainer_fixtures.h"
+#include "support/temp_dir.h"
 
 namespace kestrel::train {
 namespace {
@@ -37,7 +38,7 @@ using nlohmann::json;
 
 const Device kGpu = Device::cuda(0);
 
-std::string source_dir() { return (fs::path(__FILE__).parent_path() / ".." / ".." / "..").lexically_normal().string(); }
+using kestrel::testing::source_dir;
 
 json quickstart(const std::string& out_dir, int64_t steps, int64_t batch) {
   json cfg = resolve_train_config(models::read_json_file(source_dir() + "/configs/quickstart_vlm.json", "config"),

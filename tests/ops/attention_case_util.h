@@ -1,7 +1,7 @@
-// Shared pieces of the attention op tests that compare the CUDA op with the CPU reference op over
-// packed documents (test_flash_attention_prefix.cpp, test_flash_attention_window.cpp,
-// test_cudnn_attention.cpp): cu_seqlens from document lengths, the flash tests' dtype-tied error
-// budgets, and the outputs one run returns.
+// Shared pieces of the attention op tests over packed documents (the CPU ones in tests/ops and the
+// CUDA ones that compare the CUDA op with the CPU reference op: cuda/test_flash_attention_prefix.cpp,
+// cuda/test_flash_attention_window.cpp, cuda/test_cudnn_attention.cpp): cu_seqlens from document
+// lengths, the flash tests' dtype-tied error budgets, and the outputs one run returns.
 #pragma once
 
 #include <algorithm>
