@@ -9,7 +9,8 @@
 // aligned chunks. sum_squares: per-block f64 partials, then one block adds
 // them in a fixed order (deterministic); the slot returns a host double, so that read is the one
 // synchronisation point. clip_by_global_norm keeps the norm and the clip factor on the device (the
-// scale kernel reads the factor), so clip_grad_norm_device never synchronises.
+// scale kernel reads the factor, or AdamW does: AdamWList::gscale), so clip_grad_norm_device and
+// grad_clip_factor_device never synchronise.
 #include <cstdint>
 #include <vector>
 
@@ -362,7 +363,8 @@ void for_batches(const std::vector<Tensor>& tensors, const char* op, F&& f) {
 }
 
 // Enqueues the f64 sum of squares of every tensor into result[0] (result[1] a spare f64 slot for
-// the clip factor). Returns false when there is nothing to sum.
+// the clip factor), or, with norm_out, the norm and the clip factor (into coef_out when given, else
+// result[1]). Returns false when there is nothing to sum (with norm_out: norm 0 and factor 1 written).
 bool enqueue_sum_squares(const std::vector<Tensor>& tensors, double* result, float* norm_out, double max_norm,
                          Tensor& partial, double* coef_out = nullptr) {
   int64_t total_blocks = 0;
