@@ -223,8 +223,9 @@ void BM_flash_attention_blockmask(benchmark::State& state) {
 
 void blockmask_args(benchmark::internal::Benchmark* bm) {
   for (int bwd : {0, 1})
-    for (int T : {8192, 16384})
-      for (int masked : {0, 1}) bm->Args({T, 128, masked, bwd});
+    for (int d : {64, 128})
+      for (int T : {8192, 16384})
+        for (int masked : {0, 1}) bm->Args({T, d, masked, bwd});
   bm->ArgNames({"T", "D", "mask", "bwd"});
 }
 

@@ -45,17 +45,17 @@ struct WgmmaSoftmaxRows {
 
   // Masks S of the key block starting at n0 where need_mask holds (keys past len_k, causal:
   // key > row + off, with kPrefix key > max(row + off, prefix - 1) where the prefix-LM length of
-  // document blockIdx.z is read only here, so it holds no register outside masked tiles; a
+  // document doc is read only here, so it holds no register outside masked tiles; a
   // window > 0: key <= row + off - window), updates m/l, turns S into
   // unnormalised P (f32) and returns in alpha the factors that rescale O. (The prefix test is written
   // out rather than tile_scheduler.h's causal_last_key: including that header here changed ptxas's
   // allocation of the TMA forward D128 without a prefix, 247 -> 225 registers.)
   template <bool kPrefix>
   __device__ __forceinline__ void step(float (&s)[kBc / 2], int n0, bool need_mask, int len_k, bool causal,
-                                       int window, const int32_t* prefix_len, int row_base, int off, int c,
-                                       float sl2, float (&alpha)[2]) {
+                                       int window, const int32_t* prefix_len, int doc, int row_base, int off,
+                                       int c, float sl2, float (&alpha)[2]) {
     if (need_mask) {
-      const int prefix = kPrefix && prefix_len ? prefix_len[blockIdx.z] : 0;
+      const int prefix = kPrefix && prefix_len ? prefix_len[doc] : 0;
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j)
 #pragma unroll

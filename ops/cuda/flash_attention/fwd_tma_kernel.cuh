@@ -1,5 +1,8 @@
-// Flash attention forward for Hopper (sm_90a), fed by TMA: kWG warpgroups x 64 query rows, kBc-key
-// tiles walked from the last, S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of
+// Flash attention forwards for Hopper (sm_90a), fed by TMA; two kernels share the mainloop
+// (traits.h picks per head dim: kWarpSpecialized):
+// - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (below);
+// - flash_fwd_ws_kernel: persistent, a producer warpgroup issues the loads (comment at the kernel).
+// flash_fwd_tma_kernel: kWG warpgroups x 64 query rows, kBc-key tiles walked from the last, S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of
 // tile i-1 overlapping the softmax of tile i, no block barrier per tile:
 // - Q and the K/V tiles arrive by cp.async.bulk.tensor (one thread issues a whole tile; the
 //   consumers execute no copy instructions and no proxy fence);
@@ -29,6 +32,7 @@
 #include "cuda/flash_attention/tma.cuh"
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
+#include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda::fa {
 
@@ -128,7 +132,8 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     }
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
                            tile_crosses_window(p, wg_row0 + 63, n0, off);
-    sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, row_base, off, c, sl2, alpha);
+    sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, blockIdx.z, row_base, off, c,
+                              sl2, alpha);
   };
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
@@ -218,20 +223,227 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
+// Warp-specialised persistent forward (FA3's layout): 3 warpgroups, the first a producer whose
+// first thread issues every TMA load (setmaxnreg: 24 registers; its other warps leave), the other two
+// consumers of 64 query rows each (240 registers) that run the ping-pong mainloop above without a
+// single copy or producer wait in their instruction stream. One block per SM walks the work items
+// of fwd_work_item (heaviest causal band first, snake order); the K/V rings and their phases run on
+// across items, and Q has a "free" mbarrier (one arrival per consumer warp once its last S GEMM of
+// the item completed), so the producer loads the next item's Q and first K/V tiles while the
+// consumers finish the last tile and write the output.
+template <typename T, int kD, int kBc, int kStages, bool kPrefix, bool kBlockMask>
+__global__ void __launch_bounds__(384, 1)
+    flash_fwd_ws_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                        const FlashBlockMask mask, int n_qtiles) {
+  constexpr int kWG = 2, kBr = 128;
+  constexpr int kDs = kernel_smem_dim(kD);
+  constexpr int kNs = kBc / 2, kNo = kD / 2, kKs = kBc / 16;
+  constexpr int kWarps = kWG * 4;  // consumer warps: the count of every "empty" barrier
+  constexpr uint32_t kQBytes = kBr * kDs * 2, kKVBytes = kBc * kDs * 2;
+  static_assert(kDs % 64 == 0 && kBc % 64 == 0 && kD % 16 == 0 && kD <= kDs, "64-column swizzle slabs");
+  static_assert(kStages >= 2 && kStages <= 3, "K/V ring depth");
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + kQBytes;
+  const uint32_t sV = sK + kStages * kKVBytes;
+  const uint32_t bars = sV + kStages * kKVBytes;
+  const uint32_t barQ = bars, barQfree = bars + 8;
+  auto full_k = [&](int s) { return bars + 8 * (2 + s); };
+  auto full_v = [&](int s) { return bars + 8 * (2 + kStages + s); };
+  auto empty_k = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
+  auto empty_v = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
+  const int tid = threadIdx.x;
+  const int n_work = n_qtiles * p.num_heads_q * p.num_docs;
+  if (tid == 0) {
+    prefetch_tma_map(&tq);
+    prefetch_tma_map(&tk);
+    prefetch_tma_map(&tv);
+    mbar_init(barQ, 1);
+    mbar_init(barQfree, kWarps);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), kWarps);
+      mbar_init(empty_v(s), kWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (tid < 128) {  // producer warpgroup
+    setmaxnreg_dec<24>();
+    if (tid != 0) return;
+    int kv = 0, q_items = 0;  // K/V tiles loaded so far (ring position), items whose Q was loaded
+    for (int r = 0;; ++r) {
+      const int w = fwd_work_index(r);
+      if (w >= n_work) break;
+      const FwdWork wk = fwd_work_item(p, n_qtiles, w);
+      const FwdTile t = fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, &mask, wk.h, wk.m, wk.doc);
+      const int n_tiles = t.n_blocks - t.n_first;
+      if (t.m0 >= t.len_q || n_tiles <= 0) continue;
+      if (q_items > 0) mbar_wait(barQfree, (q_items - 1) & 1);
+      mbar_arrive_expect_tx(barQ, kQBytes);
+      tma_load_tile<kBr, kDs>(sQ, &tq, barQ, t.h, t.q_start + t.m0);
+      ++q_items;
+      const int mask_base = kBlockMask ? mask.q_ptr[t.m0 / kBlockMaskBlock] : 0;
+      for (int j = 0; j < n_tiles; ++j, ++kv) {
+        const int slot = kv % kStages, use = kv / kStages;
+        const int kb = kBlockMask ? mask.q_kblock[fwd_mask_entry(mask_base, t.n_blocks, j)] : t.n_blocks - 1 - j;
+        if (use > 0) mbar_wait(empty_k(slot), (use - 1) & 1);
+        mbar_arrive_expect_tx(full_k(slot), kKVBytes);
+        tma_load_tile<kBc, kDs>(sK + slot * kKVBytes, &tk, full_k(slot), t.hk, t.k_start + kb * kBc);
+        if (use > 0) mbar_wait(empty_v(slot), (use - 1) & 1);
+        mbar_arrive_expect_tx(full_v(slot), kKVBytes);
+        tma_load_tile<kBc, kDs>(sV + slot * kKVBytes, &tv, full_v(slot), t.hk, t.k_start + kb * kBc);
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<240>();
+  const int ctid = tid - 128, wg = ctid / 128, lane = tid % 32, wwarp = (ctid % 128) / 32;
+  const int g = lane / 4, c = lane % 4;
+  const float sl2 = p.softmax_scale * 1.4426950408889634f;
+  int kv = 0, q_items = 0;  // as the producer's: ring position and items whose Q was used
+  for (int r = 0;; ++r) {
+    const int w = fwd_work_index(r);
+    if (w >= n_work) break;
+    const FwdWork wk = fwd_work_item(p, n_qtiles, w);
+    const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] =
+        fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, &mask, wk.h, wk.m, wk.doc);
+    if (m0 >= len_q) continue;
+    const int n_tiles = n_blocks - n_first;
+    const int wg_row0 = m0 + wg * 64;
+    const int row_base = wg_row0 + wwarp * 16 + g;
+    const int mask_base = kBlockMask ? mask.q_ptr[m0 / kBlockMaskBlock] : 0;
+    const int kv0 = kv;
+    auto key_block = [&](int j) {
+      if constexpr (kBlockMask) return mask.q_kblock[fwd_mask_entry(mask_base, n_blocks, j)];
+      return n_blocks - 1 - j;
+    };
+    auto slot_of = [&](int j) { return (kv0 + j) % kStages; };
+    auto phase = [&](int j) { return static_cast<uint32_t>(((kv0 + j) / kStages) & 1); };
+
+    float o[kNo];
+#pragma unroll
+    for (int i = 0; i < kNo; ++i) o[i] = 0.f;
+    WgmmaSoftmaxRows<kBc> sm;
+    float s[kNs];
+    uint32_t pa[kKs][4];
+    auto issue_qk = [&](int slot) { wgmma_issue_qk<T, kD, kBr, kBc>(s, sQ, sK + slot * kKVBytes, wg); };
+    auto issue_pv = [&](int slot) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + slot * kKVBytes); };
+    auto softmax = [&](int j, float (&alpha)[2]) {
+      const int n0 = key_block(j) * kBc;
+      if constexpr (kBlockMask) {
+        const int kind = mask.q_kind[fwd_mask_entry(mask_base, n_blocks, j)];
+        if (kind >= 0)
+          fwd_apply_mask_bits(s, mask.bits + static_cast<int64_t>(kind) * (kBlockMaskBlock * 4), row_base - m0, c);
+      }
+      const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
+                             tile_crosses_window(p, wg_row0 + 63, n0, off);
+      sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, wk.doc, row_base, off,
+                                c, sl2, alpha);
+    };
+    auto release = [&](uint32_t bar) {
+      if (lane == 0) mbar_arrive(bar);
+    };
+    // Zeroes the V rows of tile 0 (landed) past the document's end; item-uniform condition. The two
+    // consumer warpgroups meet at named barrier 3.
+    auto clear_v_tail = [&] {
+      if constexpr (kBlockMask) return;
+      const int valid = len_k - (n_blocks - 1) * kBc;
+      if (valid >= kBc) return;
+      const uint32_t v0 = sV + slot_of(0) * kKVBytes;
+      constexpr int kChunks = kBc * (kDs / 8);
+      for (int i = ctid; i < kChunks; i += kWG * 128) {
+        const int slab = i / (kBc * 8), row = (i / 8) % kBc, ch = i % 8;
+        if (row >= valid) {
+          const uint32_t dst = v0 + slab * (kBc * 128) + row * 128 + ch * 16;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+        }
+      }
+      fence_proxy_async();
+      named_bar_sync(3, kWG * 128);
+    };
+
+    if (n_tiles > 0) {
+      mbar_wait(barQ, q_items & 1);
+      ++q_items;
+      mbar_wait(full_k(slot_of(0)), phase(0));
+      wgmma_fence();
+      issue_qk(slot_of(0));
+      wgmma_wait<0>();
+      fence_regs(s);
+      release(empty_k(slot_of(0)));
+      if (n_tiles == 1) release(barQfree);
+      float alpha[2];
+      softmax(0, alpha);
+      wgmma_pack_p<T, kBc>(s, pa);
+      if (wg == 1 && n_tiles > 1) named_bar_arrive(1, kWG * 128);  // warpgroup 0 issues first
+      for (int it = 1; it < n_tiles; ++it) {
+        const int slot = slot_of(it), pslot = slot_of(it - 1);
+        mbar_wait(full_k(slot), phase(it));
+        mbar_wait(full_v(pslot), phase(it - 1));
+        if (it == 1) clear_v_tail();
+        named_bar_sync(1 + wg, kWG * 128);
+        wgmma_fence();
+        issue_qk(slot);
+        issue_pv(pslot);
+        if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, kWG * 128);  // balanced per item
+        wgmma_wait<1>();
+        fence_regs(s);
+        release(empty_k(slot));
+        if (it == n_tiles - 1) release(barQfree);
+        softmax(it, alpha);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release(empty_v(pslot));
+        wgmma_rescale_o<kD>(o, alpha);
+        wgmma_pack_p<T, kBc>(s, pa);
+      }
+      const int last = n_tiles - 1;
+      mbar_wait(full_v(slot_of(last)), phase(last));
+      if (last == 0) clear_v_tail();
+      wgmma_fence();
+      issue_pv(slot_of(last));
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(empty_v(slot_of(last)));
+      kv += n_tiles;
+    }
+    wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
+  }
+}
+
 template <typename T, int kD, bool kPrefix, bool kBlockMask>
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = std::conditional_t<kBlockMask, TmaFwdMaskTraits, TmaFwdTraits<kD>>;
   constexpr int kBr = Tr::kWG * 64, kBc = Tr::kBc, kStages = Tr::kStages;
   static_assert(!Tr::kPingPong || Tr::kWG == 2, "ping-pong alternates two warpgroups");
+  static_assert(!Tr::kWarpSpecialized || (Tr::kWG == 2 && Tr::kPingPong), "the specialised kernel has two consumers");
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
   const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
-  constexpr size_t smem =
-      static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);
-  auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix, kBlockMask>;
-  KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *p.block_mask : FlashBlockMask{};
-  kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv, mask);
+  if constexpr (Tr::kWarpSpecialized) {
+    constexpr size_t smem =
+        static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (2 + 4 * kStages);
+    auto kernel = flash_fwd_ws_kernel<T, kD, kBc, kStages, kPrefix, kBlockMask>;
+    KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const int64_t n_work = fwd_work_count(p, kBr);
+    KESTREL_CHECK(n_work < (int64_t{1} << 30), "flash_attention", "forward: ", n_work,
+                  " work items (query tiles x heads x documents) exceed the persistent scheduler's 2^30");
+    const int n_qtiles = (p.max_seqlen_q + kBr - 1) / kBr;
+    kernel<<<fwd_persistent_grid(p, kBr), 384, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles);
+  } else {
+    constexpr size_t smem =
+        static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);
+    auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix, kBlockMask>;
+    KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv, mask);
+  }
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

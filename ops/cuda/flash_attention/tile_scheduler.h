@@ -1,8 +1,10 @@
 // Tile scheduling shared by every flash attention kernel: the launch grid (host) and the tile a
 // block owns (device), so the kernels and launchers agree on one mapping.
 //
-// Forward grid: x = query head, y = query tile (visited heaviest-first under causal masking: block y
-// takes tile gridDim.y - 1 - y), z = document. Backward grid: x = KV head (x column splits for the
+// Forward grid: persistent (fwd_persistent_grid / fwd_work_item: one block per SM walking the query
+// tiles heaviest band first, snake order) for the Hopper forward; x = query head, y = query tile
+// (heaviest-first under causal masking: block y takes tile gridDim.y - 1 - y), z = document for the
+// mma.sync one. Backward grid: x = KV head (x column splits for the
 // head-dim-256 kernel), y = key block, z = document; a backward block walks the query tiles of every
 // query head of its GQA group that see its keys. The pre/post-processing kernels are grid-stride
 // loops capped at 16 blocks per SM of the current device (sm_count(): cudaDevAttrMultiProcessorCount,
@@ -22,6 +24,13 @@ namespace kestrel::cuda::fa {
 
 inline dim3 fwd_grid(const FlashAttentionParams& p, int block_rows) {
   return dim3(p.num_heads_q, (p.max_seqlen_q + block_rows - 1) / block_rows, p.num_docs);
+}
+// Persistent forward (fwd_work_item): one block per SM of the current device, at most one per item.
+inline int64_t fwd_work_count(const FlashAttentionParams& p, int block_rows) {
+  return static_cast<int64_t>((p.max_seqlen_q + block_rows - 1) / block_rows) * p.num_heads_q * p.num_docs;
+}
+inline dim3 fwd_persistent_grid(const FlashAttentionParams& p, int block_rows) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>(fwd_work_count(p, block_rows), sm_count())));
 }
 inline dim3 bwd_grid(const FlashAttentionParams& p, int block_keys, int column_splits = 1) {
   return dim3(p.num_heads_kv * column_splits, (p.max_seqlen_k + block_keys - 1) / block_keys, p.num_docs);
@@ -66,17 +75,19 @@ __device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& 
 }
 // kBlockMask (kBr = kBc = 128, one document): n_blocks = the number of key blocks its query block
 // lists (tile j is the listed block n_blocks - 1 - j, fwd_mask_key_block), n_first = 0.
+// fwd_tile_at: query tile m (rows m * kBr ..) of head h of document doc; fwd_tile: the one the
+// block owns in the non-persistent grid.
 template <int kBr, int kBc, bool kPrefix, bool kBlockMask = false>
-__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p, const FlashBlockMask* mask = nullptr) {
+__device__ __forceinline__ FwdTile fwd_tile_at(const FlashAttentionParams& p, const FlashBlockMask* mask, int h, int m,
+                                               int doc) {
   FwdTile t;
-  t.h = blockIdx.x;
+  t.h = h;
   t.hk = t.h / (p.num_heads_q / p.num_heads_kv);
-  const int doc = blockIdx.z;
   t.q_start = p.cu_seqlens_q[doc];
   t.len_q = p.cu_seqlens_q[doc + 1] - t.q_start;
   t.k_start = p.cu_seqlens_k[doc];
   t.len_k = p.cu_seqlens_k[doc + 1] - t.k_start;
-  t.m0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  t.m0 = m * kBr;
   t.off = t.len_k - t.len_q;
   // Causal: keys up to the tile's last row's diagonal, and with a prefix-LM mask the whole prefix.
   const int causal_end = kPrefix ? max(t.m0 + kBr + t.off, doc_prefix<kPrefix>(p, doc)) : t.m0 + kBr + t.off;
@@ -91,6 +102,27 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p, const
     t.n_first = 0;
   }
   return t;
+}
+template <int kBr, int kBc, bool kPrefix, bool kBlockMask = false>
+__device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p, const FlashBlockMask* mask = nullptr) {
+  return fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, mask, blockIdx.x, gridDim.y - 1 - blockIdx.y, blockIdx.z);
+}
+
+// Persistent forward: work item w of n_qtiles * Hq * num_docs (fwd_work_count) is query tile
+// n_qtiles - 1 - w / (Hq * num_docs) -- the bands of equal causal weight, heaviest first --, head
+// w % Hq, document (w / Hq) % num_docs. Block b of G takes item r * G + b in even rounds r and
+// r * G + G - 1 - b in odd ones (snake order: the blocks that took the heavier items of a band take
+// the lighter ones of the next, so their sums stay within one band's spread).
+struct FwdWork {
+  int h, m, doc;
+};
+__device__ __forceinline__ FwdWork fwd_work_item(const FlashAttentionParams& p, int n_qtiles, int w) {
+  const int per_band = p.num_heads_q * p.num_docs, rest = w % per_band;
+  return FwdWork{rest % p.num_heads_q, n_qtiles - 1 - w / per_band, rest / p.num_heads_q};
+}
+__device__ __forceinline__ int fwd_work_index(int round) {
+  return round * static_cast<int>(gridDim.x) +
+         ((round & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x));
 }
 
 // Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query

@@ -21,17 +21,32 @@ constexpr bool kernel_has_variants(int kD) { return kD == 64 || kD == 128; }
 
 // Hopper forward (fwd_tma_kernel.cuh): kWG consumer warpgroups x 64 query rows per block, kBc-key
 // tiles, K/V rings of kStages slots; kPingPong: the two warpgroups take turns issuing their GEMMs
-// (needs kWG == 2). Measured choices in bench/notes/flash_attention.md ("Removed variants"). The
-// narrow head dims take the 128 kernel's tiles (same shared layout).
+// (needs kWG == 2); kWarpSpecialized: the persistent kernel with a producer warpgroup
+// (flash_fwd_ws_kernel; kWG == 2 with ping-pong), otherwise one block per query tile whose last
+// warpgroup's first thread issues the loads (flash_fwd_tma_kernel). Measured choices in
+// bench/notes/flash_attention.md ("Removed variants", "Warp-specialised persistent forward"): the
+// specialised kernel at head dim 128 (+3% causal / +9% bidirectional at 8k, +14-16% at 16k, -1%
+// at 4k), not at 64 (two consumer warpgroups lose 5-11% to three without a producer) nor at the
+// narrow widths (-4% to +3%). The narrow head dims take the 128 kernel's tiles (same shared layout).
 template <int kD>
-struct TmaFwdTraits { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
+struct TmaFwdTraits {
+  static constexpr int kWG = 2, kBc = 128, kStages = 2;
+  static constexpr bool kPingPong = true, kWarpSpecialized = kD == 128;
+};
 template <>
-struct TmaFwdTraits<64> { static constexpr int kWG = 3, kBc = 128, kStages = 2; static constexpr bool kPingPong = false; };
+struct TmaFwdTraits<64> {
+  static constexpr int kWG = 3, kBc = 128, kStages = 2;
+  static constexpr bool kPingPong = false, kWarpSpecialized = false;
+};
 
 // The Hopper forward with a block mask (kBlockMask): 128-row query tiles at both head dims, so one
 // block owns exactly one query block of the mask (kBlockMaskBlock; head dim 64 drops to 2 warpgroups
-// from the dense kernel's 3), 128-key tiles = one key block.
-struct TmaFwdMaskTraits { static constexpr int kWG = 2, kBc = 128, kStages = 2; static constexpr bool kPingPong = true; };
+// from the dense kernel's 3), 128-key tiles = one key block; the warp-specialised kernel (+9% at D64
+// and +12% at D128, fwd 8k with the bench's 50% mask, over flash_fwd_tma_kernel with the same tiles).
+struct TmaFwdMaskTraits {
+  static constexpr int kWG = 2, kBc = 128, kStages = 2;
+  static constexpr bool kPingPong = true, kWarpSpecialized = true;
+};
 static_assert(TmaFwdMaskTraits::kWG * 64 == kBlockMaskBlock && TmaFwdMaskTraits::kBc == kBlockMaskBlock,
               "a masked forward block owns one 128 x 128 tile row");
 

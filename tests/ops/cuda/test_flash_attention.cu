@@ -562,6 +562,19 @@ TEST(FlashAttentionCuda, WgmmaForwardTileEdges) {
   }
 }
 
+// The persistent forward at head dim 128 (one block per SM, flash_fwd_ws_kernel) walks several work
+// items per block: here 16 query tiles x 16 heads x 3 documents = 768 items (about 6 rounds on 132
+// SMs), items of 1 to 16 key tiles and empty ones (the short document's tiles past its end), so the
+// K/V ring and the Q barrier carry their phases across items of different lengths.
+TEST(FlashAttentionCuda, PersistentForwardWalksManyItemsPerBlock) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 550;
+  for (bool causal : {true, false}) {
+    run_case(Case{{2000, 129, 1931}, {2000, 129, 1931}, 16, 4, 128, causal, BF}, false, seed++, 3.f);
+    run_case(Case{{1, 2048, 300}, {1, 2048, 300}, 12, 12, 128, causal, F16}, false, seed++);
+  }
+}
+
 // The mma.sync kernels at the Hopper kernels' head dims (zero-padded to 256) against the references,
 // and the two forwards against each other on the same inputs.
 TEST(FlashAttentionCuda, ForwardKernelVariantsMatch) {
