@@ -16,9 +16,13 @@
 //   dQ[64 rows, 64 cols] = dS K   wgmma m64n64k16 with both operands MN-major (transpose
 //   immediates): head dim 128 splits dQ's columns over the warpgroups, head dim 64 its rows;
 //   then predicated red.global.add.v2.f32 into the f32 dq workspace.
-// Q, dO, lse2 and delta arrive by cp.async one tile ahead into 3-deep rings, issued after the
-// tile's first GEMMs; dS^T is double-buffered. One barrier per tile: the dS^T exchange, which also
-// publishes the next tile's copies. GEMM order dV, (exchange), dQ, dK, with dQ's reductions issued
+// Q, dO, lse2 and delta arrive one tile ahead into 3-deep rings, issued after the tile's first
+// GEMMs; dS^T is double-buffered. Q and dO: with kTmaQ (traits.h: 128-column shared tiles) thread 0
+// issues their TMA boxes on a "landed" mbarrier per buffer, which every thread waits on at the
+// tile's start (a last tile of a document zeroes the rows past it in shared memory, another
+// document's values, behind one more barrier); otherwise every thread issues cp.async with zero
+// fill. lse2 and delta: cp.async (4 bytes per row). One barrier per tile: the dS^T exchange, which
+// also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's reductions issued
 // while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
 // kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
@@ -39,6 +43,7 @@
 
 #include "cuda/flash_attention/device_primitives.cuh"
 #include "cuda/flash_attention/tile_scheduler.h"
+#include "cuda/flash_attention/tma.cuh"
 #include "cuda/flash_attention/traits.h"
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
@@ -47,13 +52,15 @@ namespace kestrel::cuda::fa {
 
 template <int kD, int kBr>
 constexpr size_t bwd_wgmma_smem_bytes() {
-  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 1 KiB for the 1024-byte alignment.
+  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 3 mbarriers; 1 KiB for the 1024-byte alignment.
   constexpr int kDs = kernel_smem_dim(kD);
-  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 1024;
+  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 3 * 8 + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
-__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask) {
+__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask,
+                                                                   const __grid_constant__ CUtensorMap tq,
+                                                                   const __grid_constant__ CUtensorMap tdo) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
@@ -73,6 +80,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
   float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
+  constexpr bool kBwdTmaQ = WgmmaBwdTraits<kD>::kTmaQ;
+  const uint32_t bars = smem_u32(sDelta + kBufs * kBr);  // kBwdTmaQ: "Q and dO of buffer b landed"
 
   const FlashAttentionParams& p = a.p;
   const int tid = threadIdx.x, wg = tid / 128, wwarp = (tid % 128) / 32, lane = tid % 32;
@@ -82,6 +91,15 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       bwd_tile<kBc, kBr, kPrefix, kBlockMask>(p, n_block, doc, kBlockMask ? &mask : nullptr);
   if (n0 >= len_k) return;
   const int D = p.head_dim;
+  if constexpr (kBwdTmaQ) {
+    if (tid == 0) {
+      prefetch_tma_map(&tq);
+      prefetch_tma_map(&tdo);
+      for (int b = 0; b < kBufs; ++b) mbar_init(bars + 8 * b, 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -107,9 +125,17 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   };
   auto prefetch = [&](int it) {
     const int h = tile_head(it), m0 = tile_m0(it), buf = it % kBufs;
-    const int64_t qo = (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
-    load_tile_sw128<kBr, kD, kThreads>(sQ0 + buf * kQBytes, q + qo, q_stride, len_q - m0, D, tid);
-    load_tile_sw128<kBr, kD, kThreads>(sdO0 + buf * kQBytes, dout + qo, q_stride, len_q - m0, D, tid);
+    if constexpr (kBwdTmaQ) {
+      if (tid == 0) {
+        mbar_arrive_expect_tx(bars + 8 * buf, 2 * kQBytes);
+        tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, bars + 8 * buf, h, q_start + m0);
+        tma_load_tile<kBr, kDs>(sdO0 + buf * kQBytes, &tdo, bars + 8 * buf, h, q_start + m0);
+      }
+    } else {
+      const int64_t qo = (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
+      load_tile_sw128<kBr, kD, kThreads>(sQ0 + buf * kQBytes, q + qo, q_stride, len_q - m0, D, tid);
+      load_tile_sw128<kBr, kD, kThreads>(sdO0 + buf * kQBytes, dout + qo, q_stride, len_q - m0, D, tid);
+    }
     if (tid < 2 * kBr) {
       const int r = tid % kBr;
       const bool ok = m0 + r < len_q;
@@ -278,6 +304,24 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kBufs;
+    if constexpr (kBwdTmaQ) {
+      mbar_wait(bars + 8 * buf, static_cast<uint32_t>((it / kBufs) & 1));
+      const int valid = len_q - tile_m0(it);
+      if (valid < kBr) {  // block-uniform: rows past the document hold another one's Q/dO -> zeros
+        constexpr int kChunks = kBr * (kDs / 8);
+        for (int i = tid; i < kChunks; i += kThreads) {
+          const int slab = i / (kBr * 8), row = (i / 8) % kBr, ch = i % 8;
+          if (row >= valid) {
+            const uint32_t o = buf * kQBytes + slab * (kBr * 128) + row * 128 + ch * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%2, %2, %2, %2};\nst.shared.v4.u32 [%1], {%2, %2, %2, %2};\n" ::"r"(sQ0 + o),
+                         "r"(sdO0 + o), "r"(0u)
+                         : "memory");
+          }
+        }
+        fence_proxy_async();
+        named_bar_sync(2, kThreads);
+      }
+    }
     wgmma_fence();
     issue_sdp(buf);
     // The next tile's copies (their address arithmetic runs while the GEMMs do): buffer
@@ -350,7 +394,12 @@ void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};
-  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask);
+  CUtensorMap tq{}, tdo{};
+  if constexpr (Tr::kTmaQ) {
+    tq = make_tma_map_3d(a.p.q, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
+    tdo = make_tma_map_3d(a.dout, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
+  }
+  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

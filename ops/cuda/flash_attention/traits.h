@@ -55,9 +55,15 @@ static_assert(TmaFwdMaskTraits::kWG * 64 == kBlockMaskBlock && TmaFwdMaskTraits:
 struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1; };
 
 // Hopper backward (bwd_wgmma_kernel.cuh): 2 warpgroups x 64 keys (kBc 128) per block, kBr-query tiles
-// (64 with 128-column shared tiles, narrow head dims included).
+// (64 with 128-column shared tiles, narrow head dims included). kTmaQ: Q and dO tiles by TMA (one
+// thread, an mbarrier per ring slot) rather than cp.async from every thread; measured in
+// bench/notes/flash_attention.md ("Q and dO by TMA in the backward"): fwd+bwd +1% at D128, +3-5% at
+// D72 (kernel 80), +6% with a block mask at 128, -2-4% at D64 (which keeps cp.async).
 template <int kD>
-struct WgmmaBwdTraits { static constexpr int kBc = 128, kBr = kernel_smem_dim(kD) == 128 ? 64 : 128; };
+struct WgmmaBwdTraits {
+  static constexpr int kBc = 128, kBr = kernel_smem_dim(kD) == 128 ? 64 : 128;
+  static constexpr bool kTmaQ = kernel_smem_dim(kD) == 128;
+};
 static_assert(WgmmaBwdTraits<64>::kBc == kBlockMaskBlock && kBlockMaskBlock % WgmmaBwdTraits<64>::kBr == 0 &&
                   kBlockMaskBlock % WgmmaBwdTraits<128>::kBr == 0,
               "a backward block owns one key block of the mask; its query tiles subdivide query blocks");

@@ -644,6 +644,37 @@ TEST(FlashAttentionCuda, NextDocumentValuesDoNotLeak) {
   }
 }
 
+// The backward's last query tile of a document also spans the next document's rows (the Hopper
+// backward loads whole Q / dO boxes by TMA and zeroes the rows past the document in shared memory):
+// +inf in the second document's Q and dO must leave the first document's dk / dv bitwise unchanged
+// and its dq finite and equal up to the f32 atomics' arrival order.
+TEST(FlashAttentionCuda, BackwardNextDocumentValuesDoNotLeak) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 950;
+  for (FlashKernel kind : {FlashKernel::MmaSync, FlashKernel::Hopper}) {
+    RunOptionsScope scope({kind});
+    for (int d : {64, 72, 128}) {
+      for (bool causal : {true, false}) {
+        const Case cs{{100, 77}, {100, 200}, 4, 2, d, causal, BF};
+        Problem pr = make_problem(cs, seed++);
+        const Result clean = run_flash(pr);
+        const size_t qrow = (size_t)cs.hq * d;  // elements per query token
+        for (size_t i = 100 * qrow; i < pr.q.bits.size(); i += 5) pr.q.bits[i] = 0x7F80;
+        for (size_t i = 100 * qrow + 2; i < pr.dout.bits.size(); i += 5) pr.dout.bits[i] = 0x7F80;
+        const Result dirty = run_flash(pr);
+        const size_t n_kv = (size_t)100 * cs.hkv * d, n_q = 100 * qrow;
+        size_t diff = 0;
+        for (size_t i = 0; i < n_kv; ++i) diff += (clean.dk[i] != dirty.dk[i]) + (clean.dv[i] != dirty.dv[i]);
+        EXPECT_EQ(diff, 0u) << kernel_name(kind) << " D=" << d << (causal ? " causal" : " bidirectional");
+        const std::vector<uint16_t> dq_clean(clean.dq.begin(), clean.dq.begin() + n_q),
+            dq_dirty(dirty.dq.begin(), dirty.dq.begin() + n_q);
+        EXPECT_EQ(count_nonfinite(to_float(dq_dirty, BF)), 0u) << kernel_name(kind) << " D=" << d;
+        EXPECT_LE(rel_l2(to_float(dq_dirty, BF), to_float(dq_clean, BF)), 1e-2) << kernel_name(kind) << " D=" << d;
+      }
+    }
+  }
+}
+
 TEST(FlashAttentionCuda, RepeatedRunsAreReproducible) {
   KESTREL_REQUIRE_GPU();
   const Problem pr = make_problem(Case{{1000, 1, 2049}, {1000, 1, 2049}, 8, 2, 128, true, BF}, 7);
