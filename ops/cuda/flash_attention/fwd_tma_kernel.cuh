@@ -2,8 +2,9 @@
 // (traits.h picks per head dim: kWarpSpecialized):
 // - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (below);
 // - flash_fwd_ws_kernel: persistent, a producer warpgroup issues the loads (comment at the kernel).
-// flash_fwd_tma_kernel: kWG warpgroups x 64 query rows, kBc-key tiles walked from the last, S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of
-// tile i-1 overlapping the softmax of tile i, no block barrier per tile:
+// flash_fwd_tma_kernel: kWG warpgroups x 64 query rows, kBc-key tiles walked from the last,
+// S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of tile i-1 overlapping the
+// softmax of tile i, no block barrier per tile:
 // - Q and the K/V tiles arrive by cp.async.bulk.tensor (one thread issues a whole tile; the
 //   consumers execute no copy instructions and no proxy fence);
 // - K and V live in kStages-deep rings with a "full" mbarrier per slot (armed with the tile's
