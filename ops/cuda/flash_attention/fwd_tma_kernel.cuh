@@ -1,7 +1,9 @@
 // Flash attention forwards for Hopper (sm_90a), fed by TMA; two kernels share the mainloop
 // (traits.h picks per head dim: kWarpSpecialized):
-// - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (below);
-// - flash_fwd_ws_kernel: persistent, a producer warpgroup issues the loads (comment at the kernel).
+// - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (below;
+//   the narrow head dims 80/96/112);
+// - flash_fwd_ws_kernel: persistent, a producer warpgroup issues the loads (comment at the kernel;
+//   head dims 64 and 128, block masks).
 // flash_fwd_tma_kernel: kWG warpgroups x 64 query rows, kBc-key tiles walked from the last,
 // S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of tile i-1 overlapping the
 // softmax of tile i, no block barrier per tile:
@@ -224,21 +226,25 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
-// Warp-specialised persistent forward (FA3's layout): 3 warpgroups, the first a producer whose
-// first thread issues every TMA load (setmaxnreg: 24 registers; its other warps leave), the other two
-// consumers of 64 query rows each (240 registers) that run the ping-pong mainloop above without a
-// single copy or producer wait in their instruction stream. One block per SM walks the work items
+// Warp-specialised persistent forward (FA3's layout): kWG + 1 warpgroups, the first a producer whose
+// first thread issues every TMA load (setmaxnreg: 24 registers; its other warps leave), the others
+// consumers of 64 query rows each that run the mainloop above without a single copy or producer wait
+// in their instruction stream: two taking turns to issue their GEMMs (kPingPong, 240 registers; head
+// dim 128, block masks) or three running free (160 registers; head dim 64). One block per SM walks the work items
 // of fwd_work_item (heaviest causal band first, snake order); the K/V rings and their phases run on
 // across items, and Q has a "free" mbarrier (one arrival per consumer warp once its last S GEMM of
 // the item completed), so the producer loads the next item's Q and first K/V tiles while the
 // consumers finish the last tile and write the output.
-template <typename T, int kD, int kBc, int kStages, bool kPrefix, bool kBlockMask>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix, bool kBlockMask>
+__global__ void __launch_bounds__((kWG + 1) * 128, 1)
     flash_fwd_ws_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                         const FlashBlockMask mask, int n_qtiles) {
-  constexpr int kWG = 2, kBr = 128;
+  constexpr int kBr = kWG * 64;
   constexpr int kDs = kernel_smem_dim(kD);
+  // Registers: producer 24, consumers the rest of the 64K file (multiples of 8): 240 for 2, 160 for 3.
+  constexpr int kConsumerRegs = kWG == 2 ? 240 : 160;
+  static_assert(kWG == 2 || (kWG == 3 && !kPingPong), "2 ping-pong consumers or 3 without");
   constexpr int kNs = kBc / 2, kNo = kD / 2, kKs = kBc / 16;
   constexpr int kWarps = kWG * 4;  // consumer warps: the count of every "empty" barrier
   constexpr uint32_t kQBytes = kBr * kDs * 2, kKVBytes = kBc * kDs * 2;
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<kConsumerRegs>();
   const int ctid = tid - 128, wg = ctid / 128, lane = tid % 32, wwarp = (ctid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
@@ -381,17 +387,21 @@ __global__ void __launch_bounds__(384, 1)
       float alpha[2];
       softmax(0, alpha);
       wgmma_pack_p<T, kBc>(s, pa);
-      if (wg == 1 && n_tiles > 1) named_bar_arrive(1, kWG * 128);  // warpgroup 0 issues first
+      if constexpr (kPingPong) {
+        if (wg == 1 && n_tiles > 1) named_bar_arrive(1, kWG * 128);  // warpgroup 0 issues first
+      }
       for (int it = 1; it < n_tiles; ++it) {
         const int slot = slot_of(it), pslot = slot_of(it - 1);
         mbar_wait(full_k(slot), phase(it));
         mbar_wait(full_v(pslot), phase(it - 1));
         if (it == 1) clear_v_tail();
-        named_bar_sync(1 + wg, kWG * 128);
+        if constexpr (kPingPong) named_bar_sync(1 + wg, kWG * 128);
         wgmma_fence();
         issue_qk(slot);
         issue_pv(pslot);
-        if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, kWG * 128);  // balanced per item
+        if constexpr (kPingPong) {
+          if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, kWG * 128);  // balanced per item
+        }
         wgmma_wait<1>();
         fence_regs(s);
         release(empty_k(slot));
@@ -423,7 +433,6 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = std::conditional_t<kBlockMask, TmaFwdMaskTraits, TmaFwdTraits<kD>>;
   constexpr int kBr = Tr::kWG * 64, kBc = Tr::kBc, kStages = Tr::kStages;
   static_assert(!Tr::kPingPong || Tr::kWG == 2, "ping-pong alternates two warpgroups");
-  static_assert(!Tr::kWarpSpecialized || (Tr::kWG == 2 && Tr::kPingPong), "the specialised kernel has two consumers");
   const CUtensorMap tq = make_tma_map_3d(p.q, p.dtype, p.total_q, p.num_heads_q, p.head_dim, kBr);
   const CUtensorMap tk = make_tma_map_3d(p.k, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
   const CUtensorMap tv = make_tma_map_3d(p.v, p.dtype, p.total_k, p.num_heads_kv, p.head_dim, kBc);
@@ -431,13 +440,13 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
   if constexpr (Tr::kWarpSpecialized) {
     constexpr size_t smem =
         static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (2 + 4 * kStages);
-    auto kernel = flash_fwd_ws_kernel<T, kD, kBc, kStages, kPrefix, kBlockMask>;
+    auto kernel = flash_fwd_ws_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix, kBlockMask>;
     KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const int64_t n_work = fwd_work_count(p, kBr);
     KESTREL_CHECK(n_work < (int64_t{1} << 30), "flash_attention", "forward: ", n_work,
                   " work items (query tiles x heads x documents) exceed the persistent scheduler's 2^30");
     const int n_qtiles = (p.max_seqlen_q + kBr - 1) / kBr;
-    kernel<<<fwd_persistent_grid(p, kBr), 384, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles);
+    kernel<<<fwd_persistent_grid(p, kBr), (Tr::kWG + 1) * 128, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles);
   } else {
     constexpr size_t smem =
         static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);

@@ -22,11 +22,12 @@ constexpr bool kernel_has_variants(int kD) { return kD == 64 || kD == 128; }
 // Hopper forward (fwd_tma_kernel.cuh): kWG consumer warpgroups x 64 query rows per block, kBc-key
 // tiles, K/V rings of kStages slots; kPingPong: the two warpgroups take turns issuing their GEMMs
 // (needs kWG == 2); kWarpSpecialized: the persistent kernel with a producer warpgroup
-// (flash_fwd_ws_kernel; kWG == 2 with ping-pong), otherwise one block per query tile whose last
-// warpgroup's first thread issues the loads (flash_fwd_tma_kernel). Measured choices in
-// bench/notes/flash_attention.md ("Removed variants", "Warp-specialised persistent forward"): the
-// specialised kernel at head dim 128 (+3% causal / +9% bidirectional at 8k, +14-16% at 16k, -1%
-// at 4k), not at 64 (two consumer warpgroups lose 5-11% to three without a producer) nor at the
+// (flash_fwd_ws_kernel: 2 ping-pong consumers at 240 registers, or 3 free-running ones at 160),
+// otherwise one block per query tile whose last warpgroup's first thread issues the loads
+// (flash_fwd_tma_kernel). Measured choices in bench/notes/flash_attention.md ("Removed variants",
+// "Warp-specialised persistent forward"): the specialised kernel at head dim 128 (+3% causal / +9%
+// bidirectional at 8k, +14-16% at 16k, -1% at 4k) and at 64 with three consumers (causal +2% / +5%
+// / +6% at 4k / 8k / 16k, bidirectional -2% / +1% / +7%; two consumers lost 5-11%), not at the
 // narrow widths (-4% to +3%). The narrow head dims take the 128 kernel's tiles (same shared layout).
 template <int kD>
 struct TmaFwdTraits {
@@ -36,7 +37,7 @@ struct TmaFwdTraits {
 template <>
 struct TmaFwdTraits<64> {
   static constexpr int kWG = 3, kBc = 128, kStages = 2;
-  static constexpr bool kPingPong = false, kWarpSpecialized = false;
+  static constexpr bool kPingPong = false, kWarpSpecialized = true;
 };
 
 // The Hopper forward with a block mask (kBlockMask): 128-row query tiles at both head dims, so one
