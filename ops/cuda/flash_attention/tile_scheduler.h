@@ -2,9 +2,9 @@
 // block owns (device), so the kernels and launchers agree on one mapping.
 //
 // Forward grid: persistent (fwd_persistent_grid / fwd_work_item: one block per SM walking the query
-// tiles heaviest band first, snake order) for the Hopper forward; x = query head, y = query tile
-// (heaviest-first under causal masking: block y takes tile gridDim.y - 1 - y), z = document for the
-// mma.sync one. Backward grid: x = KV head (x column splits for the
+// tiles heaviest band first, snake order) for the warp-specialised Hopper forward; x = query head,
+// y = query tile (heaviest-first under causal masking: block y takes tile gridDim.y - 1 - y),
+// z = document for the per-tile Hopper forward (narrow head dims) and the mma.sync one. Backward grid: x = KV head (x column splits for the
 // head-dim-256 kernel), y = key block, z = document; a backward block walks the query tiles of every
 // query head of its GQA group that see its keys. The pre/post-processing kernels are grid-stride
 // loops capped at 16 blocks per SM of the current device (sm_count(): cudaDevAttrMultiProcessorCount,
