@@ -3,9 +3,11 @@
 // Runs only when KESTREL_TORCH_PARITY_OUT names a .safetensors file (skips otherwise): draws fresh
 // random inputs on the device at Llama-8B widths (8192 tokens x 4096 hidden, 14336 intermediate,
 // 32 heads x 128), runs rms_norm (fwd + bwd), layer_norm (fwd + bwd), softmax (fwd + bwd), swiglu
-// (fwd + bwd), rope, embedding backward (deterministic), one AdamW step with a bf16 copy and the
-// column sum through Kestrel, and writes inputs and outputs as "<op>.<name>" tensors (hyperparameters
-// in the metadata). The script recomputes every output with PyTorch from the same inputs and fails
+// (fwd + bwd), rope, embedding backward (deterministic), one AdamW step with a bf16 copy, the
+// column sum and flash attention (fwd + bwd over packed documents: causal GQA at head dims 128 and 64,
+// a sliding window, bidirectional at the narrow head dim 72) through Kestrel, and writes inputs and
+// outputs as "<op>.<name>" tensors (hyperparameters in the metadata; per attention case its
+// documents' lengths, causal flag and window). The script recomputes every output with PyTorch from the same inputs and fails
 // when Kestrel's error against an f32 reference exceeds twice PyTorch's own bf16 error (or a floor).
 #include <gtest/gtest.h>
 
@@ -15,12 +17,14 @@
 #include "kestrel/autograd/tape.h"
 #include "kestrel/models/safetensors.h"
 #include "kestrel/ops/activation.h"
+#include "kestrel/ops/attention.h"
 #include "kestrel/ops/embedding.h"
 #include "kestrel/ops/norm.h"
 #include "kestrel/ops/optim.h"
 #include "kestrel/ops/reduce.h"
 #include "kestrel/ops/rope.h"
 #include "kestrel/ops/softmax.h"
+#include "ops/attention_case_util.h"
 #include "support/gpu.h"
 #include "support/numerics.h"
 
@@ -112,11 +116,53 @@ TEST(CudaTorchParity, DumpDecoderShapes) {
     put("colsum_bf16.x", xb), put("colsum_bf16.y", sum(xb, {0}));
     put("colsum_f32.x", xf), put("colsum_f32.y", sum(xf, {0}));
   }
+  // Flash attention forward + backward over packed documents (the issue-22 test rule: the script
+  // compares Kestrel's and PyTorch's own bf16 errors against a float64 reference).
+  struct AttnCase {
+    std::string name;
+    std::vector<int64_t> lens;
+    int64_t hq, hkv, d;
+    bool causal;
+    int64_t window;
+  };
+  const std::vector<AttnCase> attn_cases{
+      {"attn_causal_d128", {1536, 2560}, 32, 8, 128, true, 0},
+      {"attn_causal_d64", {3000, 1096}, 32, 8, 64, true, 0},
+      {"attn_window_d128", {4096}, 16, 4, 128, true, 1024},
+      {"attn_bidir_d72", {729, 729, 729, 729}, 16, 16, 72, false, 0},
+  };
+  std::map<std::string, std::string> meta;
+  for (const AttnCase& c : attn_cases) {
+    const int64_t t = testing::sum_of(c.lens);
+    Tensor q = leaf(testing::randn({t, c.hq, c.d}, bf, gpu)), k = leaf(testing::randn({t, c.hkv, c.d}, bf, gpu));
+    Tensor v = leaf(testing::randn({t, c.hkv, c.d}, bf, gpu));
+    Tensor dout = testing::randn({t, c.hq, c.d}, bf, gpu);
+    const Tensor cu = testing::cu_from(c.lens).to(gpu);
+    AttentionOptions o;
+    o.causal = c.causal;
+    o.window = c.window;
+    o.backend = AttentionBackend::Kestrel;
+    const AttentionOutput r = attention(q, k, v, cu, cu, testing::max_of(c.lens), testing::max_of(c.lens), o);
+    autograd::backward({r.out}, {dout});
+    put(c.name + ".q", q), put(c.name + ".k", k), put(c.name + ".v", v), put(c.name + ".dout", dout);
+    put(c.name + ".out", r.out), put(c.name + ".lse", r.lse);
+    put(c.name + ".dq", q.grad()), put(c.name + ".dk", k.grad()), put(c.name + ".dv", v.grad());
+    std::string lens;
+    for (int64_t l : c.lens) lens += (lens.empty() ? "" : ",") + std::to_string(l);
+    meta[c.name + ".lens"] = lens;
+    meta[c.name + ".causal"] = c.causal ? "1" : "0";
+    meta[c.name + ".window"] = std::to_string(c.window);
+  }
   std::vector<models::SafetensorsWriteEntry> entries;
   for (const auto& [name, t] : named) entries.push_back({name, t.dtype(), t.shape(), t.data_ptr()});
-  std::map<std::string, std::string> meta{{"eps", "1e-5"},        {"rope_theta", "500000"}, {"adamw_lr", "1e-3"},
-                                          {"adamw_beta1", "0.9"}, {"adamw_beta2", "0.95"},  {"adamw_eps", "1e-8"},
-                                          {"adamw_wd", "0.1"},    {"adamw_step", "3"}};
+  meta.insert({{"eps", "1e-5"},
+               {"rope_theta", "500000"},
+               {"adamw_lr", "1e-3"},
+               {"adamw_beta1", "0.9"},
+               {"adamw_beta2", "0.95"},
+               {"adamw_eps", "1e-8"},
+               {"adamw_wd", "0.1"},
+               {"adamw_step", "3"}});
   models::write_safetensors(path, entries, meta);
   std::printf("[torch parity dump] %zu tensors -> %s\n", entries.size(), path);
 }
