@@ -22,8 +22,8 @@
 // tile's start (a last tile of a document zeroes the rows past it in shared memory, another
 // document's values, behind one more barrier); otherwise every thread issues cp.async with zero
 // fill. lse2 and delta: cp.async (4 bytes per row). One barrier per tile: the dS^T exchange, which
-// also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's reductions issued
-// while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
+// also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's
+// reductions issued while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
 // kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
 // order. Thread 0 waits, before the tile's exchange barrier, until the tile's counter (a.dq_order,
@@ -313,9 +313,10 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
           const int slab = i / (kBr * 8), row = (i / 8) % kBr, ch = i % 8;
           if (row >= valid) {
             const uint32_t o = buf * kQBytes + slab * (kBr * 128) + row * 128 + ch * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%2, %2, %2, %2};\nst.shared.v4.u32 [%1], {%2, %2, %2, %2};\n" ::"r"(sQ0 + o),
-                         "r"(sdO0 + o), "r"(0u)
-                         : "memory");
+            asm volatile(
+                "st.shared.v4.u32 [%0], {%2, %2, %2, %2};\nst.shared.v4.u32 [%1], {%2, %2, %2, %2};\n" ::"r"(sQ0 + o),
+                "r"(sdO0 + o), "r"(0u)
+                : "memory");
           }
         }
         fence_proxy_async();

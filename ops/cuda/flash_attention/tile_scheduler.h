@@ -4,9 +4,10 @@
 // Forward grid: persistent (fwd_persistent_grid / fwd_work_item: one block per SM walking the query
 // tiles heaviest band first, snake order) for the warp-specialised Hopper forward; x = query head,
 // y = query tile (heaviest-first under causal masking: block y takes tile gridDim.y - 1 - y),
-// z = document for the per-tile Hopper forward (narrow head dims) and the mma.sync one. Backward grid: x = KV head (x column splits for the
-// head-dim-256 kernel), y = key block, z = document; a backward block walks the query tiles of every
-// query head of its GQA group that see its keys. The pre/post-processing kernels are grid-stride
+// z = document for the per-tile Hopper forward (narrow head dims) and the mma.sync one.
+// Backward grid: x = KV head (x column splits for the head-dim-256 kernel), y = key block,
+// z = document; a backward block walks the query tiles of every query head of its GQA group that
+// see its keys. The pre/post-processing kernels are grid-stride
 // loops capped at 16 blocks per SM of the current device (sm_count(): cudaDevAttrMultiProcessorCount,
 // read once per device and cached).
 #pragma once
@@ -73,10 +74,10 @@ __device__ __forceinline__ bool before_window(const FlashAttentionParams& p, int
 __device__ __forceinline__ bool tile_crosses_window(const FlashAttentionParams& p, int i_max, int j_min, int off) {
   return p.window > 0 && j_min <= i_max + off - p.window;
 }
-// kBlockMask (kBr = kBc = 128, one document): n_blocks = the number of key blocks its query block
-// lists (tile j is the listed block n_blocks - 1 - j, fwd_mask_key_block), n_first = 0.
 // fwd_tile_at: query tile m (rows m * kBr ..) of head h of document doc; fwd_tile: the one the
 // block owns in the non-persistent grid.
+// kBlockMask (kBr = kBc = 128, one document): n_blocks = the number of key blocks its query block
+// lists (tile j is the listed block n_blocks - 1 - j, fwd_mask_key_block), n_first = 0.
 template <int kBr, int kBc, bool kPrefix, bool kBlockMask = false>
 __device__ __forceinline__ FwdTile fwd_tile_at(const FlashAttentionParams& p, const FlashBlockMask* mask, int h, int m,
                                                int doc) {
