@@ -1,23 +1,21 @@
 // Flash attention forwards for Hopper (sm_90a), fed by TMA; two kernels share the mainloop
 // (traits.h picks per head dim: kWarpSpecialized):
-// - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (below;
-//   the narrow head dims 80/96/112);
 // - flash_fwd_ws_kernel: persistent, a producer warpgroup issues the loads (comment at the kernel;
-//   head dims 64 and 128, block masks).
-// flash_fwd_tma_kernel: kWG warpgroups x 64 query rows, kBc-key tiles walked from the last,
+//   head dims 64 and 128, every prefix-LM and block-mask forward);
+// - flash_fwd_tma_kernel: one block per query tile, the loads issued by a consumer thread (the
+//   narrow head dims 80/96/112, built without the mask variants).
+// The mainloop (both): 64 query rows per consumer warpgroup, kBc-key tiles walked from the last,
 // S = Q K^T and O += P V on wgmma (fwd_mainloop.cuh), the P V GEMM of tile i-1 overlapping the
 // softmax of tile i, no block barrier per tile:
 // - Q and the K/V tiles arrive by cp.async.bulk.tensor (one thread issues a whole tile; the
 //   consumers execute no copy instructions and no proxy fence);
 // - K and V live in kStages-deep rings with a "full" mbarrier per slot (armed with the tile's
 //   bytes) and an "empty" one (one arrival per warp once its wgmma reading the slot completed);
-// - the first thread of the last warpgroup refills a slot when every warp has released it, at the
-//   end of its iteration, so the warpgroups are never stopped by a __syncthreads;
-// - kPingPong (2 warpgroups): named barriers make the warpgroups take turns issuing their GEMMs
-//   (FA3's scheduling), so one warpgroup's softmax overlaps the other's GEMMs.
+// - with two consumer warpgroups, named barriers make them take turns issuing their GEMMs (FA3's
+//   ping-pong scheduling), so one warpgroup's softmax overlaps the other's GEMMs.
 // Boxes read past the tensor's end are zero-filled. A document's last tile can also hold keys of
 // the next document: S masks them (P = 0), and before its first P V GEMM the block zeroes those V
-// rows (once per block, one barrier), so that 0 * (a non-finite value of another document) never
+// rows (once per item, one barrier), so that 0 * (a non-finite value of another document) never
 // reaches the output: the same result as zero-filled rows.
 // kBlockMask (TmaFwdMaskTraits: 128-row blocks = one query block of the mask): the block walks only
 // the key tiles its query block lists (last first), applies a PARTIAL tile's bits to S before the
@@ -39,12 +37,14 @@
 
 namespace kestrel::cuda::fa {
 
-template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix, bool kBlockMask>
-__global__ void __launch_bounds__(kWG * 128, 1)
+// flash_fwd_tma_kernel: two warpgroups in ping-pong; the first thread of the last warpgroup refills
+// a ring slot when every warp has released it, at the end of its iteration, so the warpgroups are
+// never stopped by a __syncthreads.
+template <typename T, int kD, int kBc, int kStages>
+__global__ void __launch_bounds__(256, 1)
     flash_fwd_tma_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
-                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                         const FlashBlockMask mask) {
-  constexpr int kBr = kWG * 64;
+                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
+  constexpr int kWG = 2, kBr = kWG * 64;
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128, zero past the head dim)
   constexpr int kNs = kBc / 2;   // S accumulator floats per thread
   constexpr int kNo = kD / 2;    // O accumulator floats per thread
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
-  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, kPrefix, kBlockMask>(p, kBlockMask ? &mask : nullptr);
+  const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, false>(p);
   const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
   if (m0 >= len_q) return;
   // The loads are issued by the first thread of the last warpgroup: under ping-pong scheduling that
@@ -74,15 +74,9 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   const bool producer = tid == (kWG - 1) * 128;
   const int wg_row0 = m0 + wg * 64;               // first query row of this warpgroup
   const int row_base = wg_row0 + wwarp * 16 + g;  // rows row_base and row_base + 8 of this thread
-  // Block mask: the query block's first entry in the row view.
-  const int mask_base = kBlockMask ? mask.q_ptr[m0 / kBlockMaskBlock] : 0;
 
-  // Tile j (processing order) is key block n_blocks - 1 - j (with a block mask, the key block of
-  // that list entry); it sits in slot j % kStages.
-  auto key_block = [&](int j) {
-    if constexpr (kBlockMask) return mask.q_kblock[fwd_mask_entry(mask_base, n_blocks, j)];
-    return n_blocks - 1 - j;
-  };
+  // Tile j (processing order) is key block n_blocks - 1 - j; it sits in slot j % kStages.
+  auto key_block = [&](int j) { return n_blocks - 1 - j; };
   auto load_k = [&](int j) {
     mbar_arrive_expect_tx(full_k(j % kStages), kKVBytes);
     tma_load_tile<kBc, kDs>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
@@ -128,15 +122,10 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto issue_pv = [&](int slot) { wgmma_issue_pv<T, kD, kBc>(o, pa, sV + slot * kKVBytes); };
   auto softmax = [&](int j, float (&alpha)[2]) {
     const int n0 = key_block(j) * kBc;
-    if constexpr (kBlockMask) {  // PARTIAL tile: the bits (the document-end mask below still applies)
-      const int kind = mask.q_kind[fwd_mask_entry(mask_base, n_blocks, j)];
-      if (kind >= 0)
-        fwd_apply_mask_bits(s, mask.bits + static_cast<int64_t>(kind) * (kBlockMaskBlock * 4), row_base - m0, c);
-    }
     const bool need_mask = (n0 + kBc > len_k) || (p.causal && n0 + kBc - 1 > wg_row0 + off) ||
                            tile_crosses_window(p, wg_row0 + 63, n0, off);
-    sm.template step<kPrefix>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, blockIdx.z, row_base, off, c,
-                              sl2, alpha);
+    sm.template step<false>(s, n0, need_mask, len_k, p.causal, p.window, p.prefix_len, blockIdx.z, row_base, off, c,
+                            sl2, alpha);
   };
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
@@ -144,7 +133,6 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   auto phase = [](int j) { return static_cast<uint32_t>((j / kStages) & 1); };
   // Zeroes V rows of tile 0 (slot 0, landed) past the document's end; block-uniform condition.
   auto clear_v_tail = [&] {
-    if constexpr (kBlockMask) return;  // one document: rows past its end are past the tensor (zero fill)
     const int valid = len_k - (n_blocks - 1) * kBc;
     if (valid >= kBc) return;
     constexpr int kChunks = kBc * (kDs / 8);  // 16-byte chunks of the tile
@@ -175,23 +163,19 @@ __global__ void __launch_bounds__(kWG * 128, 1)
       load_k(kStages);
     }
 
-    if constexpr (kPingPong) {
-      if (wg == 1 && n_tiles > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
-    }
+    if (wg == 1 && n_tiles > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
     for (int it = 1; it < n_tiles; ++it) {
       const int slot = it % kStages, pslot = (it - 1) % kStages;
       mbar_wait(full_k(slot), phase(it));
       mbar_wait(full_v(pslot), phase(it - 1));
       if (it == 1) clear_v_tail();
-      // Ping-pong (2 warpgroups): GEMM issue alternates between them, so that one warpgroup's
-      // softmax runs while the other's GEMMs hold the tensor cores (named barriers 1 and 2).
-      if constexpr (kPingPong) named_bar_sync(1 + wg, 256);
+      // Ping-pong: GEMM issue alternates between the warpgroups, so that one warpgroup's softmax
+      // runs while the other's GEMMs hold the tensor cores (named barriers 1 and 2).
+      named_bar_sync(1 + wg, 256);
       wgmma_fence();
       issue_qk(slot);
       issue_pv(pslot);
-      if constexpr (kPingPong) {
-        if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
-      }
+      if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
       wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
       fence_regs(s);
       release(empty_k(slot));
@@ -226,15 +210,15 @@ __global__ void __launch_bounds__(kWG * 128, 1)
   wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);
 }
 
-// Warp-specialised persistent forward (FA3's layout): kWG + 1 warpgroups, the first a producer whose
-// first thread issues every TMA load (setmaxnreg: 24 registers; its other warps leave), the others
-// consumers of 64 query rows each that run the mainloop above without a single copy or producer wait
-// in their instruction stream: two taking turns to issue their GEMMs (kPingPong, 240 registers; head
-// dim 128, block masks) or three running free (160 registers; head dim 64). One block per SM walks the work items
-// of fwd_work_item (heaviest causal band first, snake order); the K/V rings and their phases run on
-// across items, and Q has a "free" mbarrier (one arrival per consumer warp once its last S GEMM of
-// the item completed), so the producer loads the next item's Q and first K/V tiles while the
-// consumers finish the last tile and write the output.
+// Warp-specialised persistent forward (FA3's layout): kWG + 1 warpgroups, the first a producer
+// whose first thread issues every TMA load (setmaxnreg: 24 registers; its other warps leave), the
+// others consumers of 64 query rows each that run the mainloop above without a single copy or
+// producer wait in their instruction stream: two taking turns to issue their GEMMs (kPingPong, 240
+// registers; head dim 128, block masks) or three running free (160 registers; head dim 64). One
+// block per SM walks the work items of fwd_work_item (heaviest causal band first, snake order); the
+// K/V rings and their phases run on across items, and Q has a "free" mbarrier (one arrival per
+// consumer warp once its last S GEMM of the item completed), so the producer loads the next item's
+// Q and first K/V tiles while the consumers finish the last tile and write the output.
 template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix, bool kBlockMask>
 __global__ void __launch_bounds__((kWG + 1) * 128, 1)
     flash_fwd_ws_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
@@ -448,11 +432,13 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
     const int n_qtiles = (p.max_seqlen_q + kBr - 1) / kBr;
     kernel<<<fwd_persistent_grid(p, kBr), (Tr::kWG + 1) * 128, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles);
   } else {
+    static_assert(!kPrefix && !kBlockMask && Tr::kWG == 2 && Tr::kPingPong,
+                  "the per-tile kernel is built for the narrow head dims only: two ping-pong warpgroups, no mask variants");
     constexpr size_t smem =
         static_cast<size_t>(kBr + 2 * kStages * kBc) * kernel_smem_dim(kD) * 2 + 1024 + 8 * (1 + 4 * kStages);
-    auto kernel = flash_fwd_tma_kernel<T, kD, Tr::kWG, kBc, kStages, Tr::kPingPong, kPrefix, kBlockMask>;
+    auto kernel = flash_fwd_tma_kernel<T, kD, kBc, kStages>;
     KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<fwd_grid(p, kBr), Tr::kWG * 128, smem, stream>>>(p, tq, tk, tv, mask);
+    kernel<<<fwd_grid(p, kBr), 256, smem, stream>>>(p, tq, tk, tv);
   }
   KESTREL_CUDA_CHECK_LAUNCH();
 }
