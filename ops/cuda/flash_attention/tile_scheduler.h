@@ -42,6 +42,24 @@ inline int grid_stride_blocks(int64_t items, int per_block) {
                                                                  int64_t{16} * sm_count())));
 }
 
+// Persistent forward: work item w of n_qtiles * Hq * num_docs (fwd_work_count) is query tile
+// n_qtiles - 1 - w / (Hq * num_docs) -- the bands of equal causal weight, heaviest first --, head
+// w % Hq, document (w / Hq) % num_docs. Block b of G takes item r * G + b in even rounds r and
+// r * G + G - 1 - b in odd ones (snake order: the blocks that took the heavier items of a band take
+// the lighter ones of the next, so their sums stay within one band's spread); a block stops at its
+// first index past the list. Host and device (tests/ops/cuda/test_flash_attention_schedule.cpp
+// checks every item is walked exactly once).
+struct FwdWork {
+  int h, m, doc;
+};
+__host__ __device__ __forceinline__ FwdWork fwd_work_at(int num_heads_q, int num_docs, int n_qtiles, int w) {
+  const int per_band = num_heads_q * num_docs, rest = w % per_band;
+  return FwdWork{rest % num_heads_q, n_qtiles - 1 - w / per_band, rest / num_heads_q};
+}
+__host__ __device__ __forceinline__ int fwd_work_index_at(int round, int block, int grid) {
+  return round * grid + ((round & 1) ? grid - 1 - block : block);
+}
+
 #if defined(__CUDACC__)
 // Prefix-LM length of document doc (0 = none): causal attention where every query also sees the
 // keys j < prefix. kPrefix is a template flag of the Hopper kernels (their instantiations without it
@@ -109,21 +127,12 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlashAttentionParams& p, const
   return fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, mask, blockIdx.x, gridDim.y - 1 - blockIdx.y, blockIdx.z);
 }
 
-// Persistent forward: work item w of n_qtiles * Hq * num_docs (fwd_work_count) is query tile
-// n_qtiles - 1 - w / (Hq * num_docs) -- the bands of equal causal weight, heaviest first --, head
-// w % Hq, document (w / Hq) % num_docs. Block b of G takes item r * G + b in even rounds r and
-// r * G + G - 1 - b in odd ones (snake order: the blocks that took the heavier items of a band take
-// the lighter ones of the next, so their sums stay within one band's spread).
-struct FwdWork {
-  int h, m, doc;
-};
+// Persistent forward: the device side of fwd_work_at / fwd_work_index_at (above) for this block.
 __device__ __forceinline__ FwdWork fwd_work_item(const FlashAttentionParams& p, int n_qtiles, int w) {
-  const int per_band = p.num_heads_q * p.num_docs, rest = w % per_band;
-  return FwdWork{rest % p.num_heads_q, n_qtiles - 1 - w / per_band, rest / p.num_heads_q};
+  return fwd_work_at(p.num_heads_q, p.num_docs, n_qtiles, w);
 }
 __device__ __forceinline__ int fwd_work_index(int round) {
-  return round * static_cast<int>(gridDim.x) +
-         ((round & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x));
+  return fwd_work_index_at(round, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
 // Geometry of one backward block: the kBc keys of key block n_block of document doc, and the query
