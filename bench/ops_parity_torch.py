@@ -79,16 +79,12 @@ def rope_ref(q, pos, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def attention_docs(q, k, v, lens, causal, window, scale, sdpa):
-    """Attention over packed documents ([T, H, D] tensors): per document, GQA by repeating K/V heads.
-    sdpa=False: explicit softmax(Q K^T * scale + mask) V in the inputs' dtype (the float64 reference);
-    sdpa=True: torch's scaled_dot_product_attention (PyTorch's own fused bf16 path)."""
-    outs, start = [], 0
-    group = q.shape[1] // k.shape[1]
+def attention_documents(q, k, lens, causal, window):
+    """Per packed document of [T, H, D] q / k: its start, length, query heads [Hq, n, D], K heads repeated
+    to Hq (GQA) and the [n, n] visibility (causal, sliding window: key j seen by query i iff
+    i - window < j <= i)."""
+    start, group = 0, q.shape[1] // k.shape[1]
     for n in lens:
-        qh = q[start:start + n].transpose(0, 1)
-        kh = k[start:start + n].transpose(0, 1).repeat_interleave(group, 0)
-        vh = v[start:start + n].transpose(0, 1).repeat_interleave(group, 0)
         i = torch.arange(n, device=q.device)[:, None]
         j = torch.arange(n, device=q.device)[None, :]
         visible = torch.ones(n, n, dtype=torch.bool, device=q.device)
@@ -96,6 +92,19 @@ def attention_docs(q, k, v, lens, causal, window, scale, sdpa):
             visible &= j <= i
         if window > 0:
             visible &= j > i - window
+        qh = q[start:start + n].transpose(0, 1)
+        kh = k[start:start + n].transpose(0, 1).repeat_interleave(group, 0)
+        yield start, n, qh, kh, visible
+        start += n
+
+
+def attention_docs(q, k, v, lens, causal, window, scale, sdpa):
+    """Attention over packed documents ([T, H, D] tensors).
+    sdpa=False: explicit softmax(Q K^T * scale + mask) V in the inputs' dtype (the float64 reference);
+    sdpa=True: torch's scaled_dot_product_attention (PyTorch's own fused bf16 path)."""
+    outs, group = [], q.shape[1] // k.shape[1]
+    for start, n, qh, kh, visible in attention_documents(q, k, lens, causal, window):
+        vh = v[start:start + n].transpose(0, 1).repeat_interleave(group, 0)
         if sdpa:
             if window <= 0:  # causal or full: the fused kernels' own masking
                 o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=causal, scale=scale)[0]
@@ -105,27 +114,15 @@ def attention_docs(q, k, v, lens, causal, window, scale, sdpa):
             sc = (qh @ kh.transpose(1, 2)) * scale
             o = torch.softmax(sc.masked_fill(~visible, float("-inf")), -1) @ vh
         outs.append(o.transpose(0, 1))
-        start += n
     return torch.cat(outs, 0)
 
 
 def attention_lse(q, k, lens, causal, window, scale):
     """Natural-log log-sum-exp of the visible scaled scores, float64, [T, Hq]."""
-    rows, start = [], 0
-    group = q.shape[1] // k.shape[1]
-    for n in lens:
-        qh = q[start:start + n].double().transpose(0, 1)
-        kh = k[start:start + n].double().transpose(0, 1).repeat_interleave(group, 0)
-        i = torch.arange(n, device=q.device)[:, None]
-        j = torch.arange(n, device=q.device)[None, :]
-        visible = torch.ones(n, n, dtype=torch.bool, device=q.device)
-        if causal:
-            visible &= j <= i
-        if window > 0:
-            visible &= j > i - window
+    rows = []
+    for _, _, qh, kh, visible in attention_documents(q.double(), k.double(), lens, causal, window):
         sc = ((qh @ kh.transpose(1, 2)) * scale).masked_fill(~visible, float("-inf"))
         rows.append(torch.logsumexp(sc, -1).transpose(0, 1))
-        start += n
     return torch.cat(rows, 0)
 
 

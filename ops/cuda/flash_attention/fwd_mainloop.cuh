@@ -38,6 +38,26 @@ __device__ __forceinline__ void wgmma_issue_pv(float (&o)[kD / 2], const uint32_
   wgmma_commit();
 }
 
+// The K/V rings' mbarriers, 8 bytes each from `base`: per slot a "full" one (armed by the loading
+// thread with the tile's bytes) and an "empty" one (one arrival per consumer warp once its wgmma
+// reading the slot completed), for K and for V.
+template <int kStages>
+struct KvRingBarriers {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t full_k(int s) const { return base + 8 * s; }
+  __device__ __forceinline__ uint32_t full_v(int s) const { return base + 8 * (kStages + s); }
+  __device__ __forceinline__ uint32_t empty_k(int s) const { return base + 8 * (2 * kStages + s); }
+  __device__ __forceinline__ uint32_t empty_v(int s) const { return base + 8 * (3 * kStages + s); }
+  __device__ __forceinline__ void init(uint32_t consumer_warps) const {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), consumer_warps);
+      mbar_init(empty_v(s), consumer_warps);
+    }
+  }
+};
+
 template <int kBc>
 struct WgmmaSoftmaxRows {
   float m[2] = {-INFINITY, -INFINITY};  // running row maxima of the raw scores

@@ -58,11 +58,8 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t sK = sQ + kQBytes;                            // kStages x [kDs/64][kBc][64]
   const uint32_t sV = sK + kStages * kKVBytes;                 // kStages x [kDs/64][kBc][64]
   const uint32_t bars = sV + kStages * kKVBytes;               // 8-byte mbarriers:
-  const uint32_t barQ = bars;                                  //   Q landed
-  auto full_k = [&](int s) { return bars + 8 * (1 + s); };
-  auto full_v = [&](int s) { return bars + 8 * (1 + kStages + s); };
-  auto empty_k = [&](int s) { return bars + 8 * (1 + 2 * kStages + s); };
-  auto empty_v = [&](int s) { return bars + 8 * (1 + 3 * kStages + s); };
+  const uint32_t barQ = bars;                                  //   Q landed, then the rings'
+  const KvRingBarriers<kStages> ring{bars + 8};
 
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
@@ -78,13 +75,13 @@ __global__ void __launch_bounds__(256, 1)
   // Tile j (processing order) is key block n_blocks - 1 - j; it sits in slot j % kStages.
   auto key_block = [&](int j) { return n_blocks - 1 - j; };
   auto load_k = [&](int j) {
-    mbar_arrive_expect_tx(full_k(j % kStages), kKVBytes);
-    tma_load_tile<kBc, kDs>(sK + (j % kStages) * kKVBytes, &tk, full_k(j % kStages), hk,
+    mbar_arrive_expect_tx(ring.full_k(j % kStages), kKVBytes);
+    tma_load_tile<kBc, kDs>(sK + (j % kStages) * kKVBytes, &tk, ring.full_k(j % kStages), hk,
                            k_start + key_block(j) * kBc);
   };
   auto load_v = [&](int j) {
-    mbar_arrive_expect_tx(full_v(j % kStages), kKVBytes);
-    tma_load_tile<kBc, kDs>(sV + (j % kStages) * kKVBytes, &tv, full_v(j % kStages), hk,
+    mbar_arrive_expect_tx(ring.full_v(j % kStages), kKVBytes);
+    tma_load_tile<kBc, kDs>(sV + (j % kStages) * kKVBytes, &tv, ring.full_v(j % kStages), hk,
                            k_start + key_block(j) * kBc);
   };
   if (producer) {
@@ -92,12 +89,7 @@ __global__ void __launch_bounds__(256, 1)
     prefetch_tma_map(&tk);
     prefetch_tma_map(&tv);
     mbar_init(barQ, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
-      mbar_init(empty_k(s), kWarps);
-      mbar_init(empty_v(s), kWarps);
-    }
+    ring.init(kWarps);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -135,39 +127,31 @@ __global__ void __launch_bounds__(256, 1)
   auto clear_v_tail = [&] {
     const int valid = len_k - (n_blocks - 1) * kBc;
     if (valid >= kBc) return;
-    constexpr int kChunks = kBc * (kDs / 8);  // 16-byte chunks of the tile
-    for (int i = tid; i < kChunks; i += kWG * 128) {
-      const int slab = i / (kBc * 8), row = (i / 8) % kBc, ch = i % 8;
-      if (row >= valid) {
-        const uint32_t dst = sV + slab * (kBc * 128) + row * 128 + ch * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
-      }
-    }
-    fence_proxy_async();
+    zero_tile_rows<kBc, kDs>(sV, valid, tid, kWG * 128);
     __syncthreads();
   };
 
   if (n_tiles > 0) {
     mbar_wait(barQ, 0);
-    mbar_wait(full_k(0), 0);
+    mbar_wait(ring.full_k(0), 0);
     wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
     fence_regs(s);
-    release(empty_k(0));
+    release(ring.empty_k(0));
     float alpha[2];
     softmax(0, alpha);
     wgmma_pack_p<T, kBc>(s, pa);
     if (producer && kStages < n_tiles) {
-      mbar_wait(empty_k(0), 0);
+      mbar_wait(ring.empty_k(0), 0);
       load_k(kStages);
     }
 
     if (wg == 1 && n_tiles > 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
     for (int it = 1; it < n_tiles; ++it) {
       const int slot = it % kStages, pslot = (it - 1) % kStages;
-      mbar_wait(full_k(slot), phase(it));
-      mbar_wait(full_v(pslot), phase(it - 1));
+      mbar_wait(ring.full_k(slot), phase(it));
+      mbar_wait(ring.full_v(pslot), phase(it - 1));
       if (it == 1) clear_v_tail();
       // Ping-pong: GEMM issue alternates between the warpgroups, so that one warpgroup's softmax
       // runs while the other's GEMMs hold the tensor cores (named barriers 1 and 2).
@@ -178,28 +162,28 @@ __global__ void __launch_bounds__(256, 1)
       if (!(wg == 1 && it == n_tiles - 1)) named_bar_arrive(2 - wg, 256);  // balanced at exit
       wgmma_wait<1>();  // S(it) ready; P(it-1) V(it-1) may still run
       fence_regs(s);
-      release(empty_k(slot));
+      release(ring.empty_k(slot));
       softmax(it, alpha);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-      release(empty_v(pslot));
+      release(ring.empty_v(pslot));
       wgmma_rescale_o<kD>(o, alpha);
       wgmma_pack_p<T, kBc>(s, pa);
       if (producer) {  // refill the two slots released in this iteration
         if (it + kStages < n_tiles) {
-          mbar_wait(empty_k(slot), phase(it));
+          mbar_wait(ring.empty_k(slot), phase(it));
           load_k(it + kStages);
         }
         if (it - 1 + kStages < n_tiles) {
-          mbar_wait(empty_v(pslot), phase(it - 1));
+          mbar_wait(ring.empty_v(pslot), phase(it - 1));
           load_v(it - 1 + kStages);
         }
       }
     }
 
     const int last = n_tiles - 1;
-    mbar_wait(full_v(last % kStages), phase(last));
+    mbar_wait(ring.full_v(last % kStages), phase(last));
     if (last == 0) clear_v_tail();
     wgmma_fence();
     issue_pv(last % kStages);
@@ -239,11 +223,8 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
   const uint32_t sK = sQ + kQBytes;
   const uint32_t sV = sK + kStages * kKVBytes;
   const uint32_t bars = sV + kStages * kKVBytes;
-  const uint32_t barQ = bars, barQfree = bars + 8;
-  auto full_k = [&](int s) { return bars + 8 * (2 + s); };
-  auto full_v = [&](int s) { return bars + 8 * (2 + kStages + s); };
-  auto empty_k = [&](int s) { return bars + 8 * (2 + 2 * kStages + s); };
-  auto empty_v = [&](int s) { return bars + 8 * (2 + 3 * kStages + s); };
+  const uint32_t barQ = bars, barQfree = bars + 8;  // then the rings'
+  const KvRingBarriers<kStages> ring{bars + 16};
   const int tid = threadIdx.x;
   const int n_work = n_qtiles * p.num_heads_q * p.num_docs;
   if (tid == 0) {
@@ -252,12 +233,7 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
     prefetch_tma_map(&tv);
     mbar_init(barQ, 1);
     mbar_init(barQfree, kWarps);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
-      mbar_init(empty_k(s), kWarps);
-      mbar_init(empty_v(s), kWarps);
-    }
+    ring.init(kWarps);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -281,12 +257,12 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
       for (int j = 0; j < n_tiles; ++j, ++kv) {
         const int slot = kv % kStages, use = kv / kStages;
         const int kb = kBlockMask ? mask.q_kblock[fwd_mask_entry(mask_base, t.n_blocks, j)] : t.n_blocks - 1 - j;
-        if (use > 0) mbar_wait(empty_k(slot), (use - 1) & 1);
-        mbar_arrive_expect_tx(full_k(slot), kKVBytes);
-        tma_load_tile<kBc, kDs>(sK + slot * kKVBytes, &tk, full_k(slot), t.hk, t.k_start + kb * kBc);
-        if (use > 0) mbar_wait(empty_v(slot), (use - 1) & 1);
-        mbar_arrive_expect_tx(full_v(slot), kKVBytes);
-        tma_load_tile<kBc, kDs>(sV + slot * kKVBytes, &tv, full_v(slot), t.hk, t.k_start + kb * kBc);
+        if (use > 0) mbar_wait(ring.empty_k(slot), (use - 1) & 1);
+        mbar_arrive_expect_tx(ring.full_k(slot), kKVBytes);
+        tma_load_tile<kBc, kDs>(sK + slot * kKVBytes, &tk, ring.full_k(slot), t.hk, t.k_start + kb * kBc);
+        if (use > 0) mbar_wait(ring.empty_v(slot), (use - 1) & 1);
+        mbar_arrive_expect_tx(ring.full_v(slot), kKVBytes);
+        tma_load_tile<kBc, kDs>(sV + slot * kKVBytes, &tv, ring.full_v(slot), t.hk, t.k_start + kb * kBc);
       }
     }
     return;
@@ -345,28 +321,19 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
       if constexpr (kBlockMask) return;
       const int valid = len_k - (n_blocks - 1) * kBc;
       if (valid >= kBc) return;
-      const uint32_t v0 = sV + slot_of(0) * kKVBytes;
-      constexpr int kChunks = kBc * (kDs / 8);
-      for (int i = ctid; i < kChunks; i += kWG * 128) {
-        const int slab = i / (kBc * 8), row = (i / 8) % kBc, ch = i % 8;
-        if (row >= valid) {
-          const uint32_t dst = v0 + slab * (kBc * 128) + row * 128 + ch * 16;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
-        }
-      }
-      fence_proxy_async();
+      zero_tile_rows<kBc, kDs>(sV + slot_of(0) * kKVBytes, valid, ctid, kWG * 128);
       named_bar_sync(3, kWG * 128);
     };
 
     if (n_tiles > 0) {
       mbar_wait(barQ, q_items & 1);
       ++q_items;
-      mbar_wait(full_k(slot_of(0)), phase(0));
+      mbar_wait(ring.full_k(slot_of(0)), phase(0));
       wgmma_fence();
       issue_qk(slot_of(0));
       wgmma_wait<0>();
       fence_regs(s);
-      release(empty_k(slot_of(0)));
+      release(ring.empty_k(slot_of(0)));
       if (n_tiles == 1) release(barQfree);
       float alpha[2];
       softmax(0, alpha);
@@ -376,8 +343,8 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
       }
       for (int it = 1; it < n_tiles; ++it) {
         const int slot = slot_of(it), pslot = slot_of(it - 1);
-        mbar_wait(full_k(slot), phase(it));
-        mbar_wait(full_v(pslot), phase(it - 1));
+        mbar_wait(ring.full_k(slot), phase(it));
+        mbar_wait(ring.full_v(pslot), phase(it - 1));
         if (it == 1) clear_v_tail();
         if constexpr (kPingPong) named_bar_sync(1 + wg, kWG * 128);
         wgmma_fence();
@@ -388,24 +355,24 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
         }
         wgmma_wait<1>();
         fence_regs(s);
-        release(empty_k(slot));
+        release(ring.empty_k(slot));
         if (it == n_tiles - 1) release(barQfree);
         softmax(it, alpha);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
-        release(empty_v(pslot));
+        release(ring.empty_v(pslot));
         wgmma_rescale_o<kD>(o, alpha);
         wgmma_pack_p<T, kBc>(s, pa);
       }
       const int last = n_tiles - 1;
-      mbar_wait(full_v(slot_of(last)), phase(last));
+      mbar_wait(ring.full_v(slot_of(last)), phase(last));
       if (last == 0) clear_v_tail();
       wgmma_fence();
       issue_pv(slot_of(last));
       wgmma_wait<0>();
       fence_regs(o);
-      release(empty_v(slot_of(last)));
+      release(ring.empty_v(slot_of(last)));
       kv += n_tiles;
     }
     wgmma_fwd_epilogue<T, kD, kBc>(p, o, sm, row_base, len_q, q_start, h, c);

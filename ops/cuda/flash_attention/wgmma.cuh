@@ -100,6 +100,24 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 // Makes cp.async / st.shared writes of this thread visible to the async proxy (wgmma reads).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Zeroes rows valid.. of the landed [kDs/64][kRows][64] 16-bit tile at `tile` (16-byte stores by
+// threads tid, tid + threads, ...) and makes them visible to the async proxy; the caller's barrier
+// then publishes them to the wgmma of the other threads. The kernels use it on the rows past a
+// document's end inside a tile that TMA filled whole (the next document's values, which 0 * x must
+// not meet): the forward's V rows.
+template <int kRows, int kDs>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int valid, int tid, int threads) {
+  constexpr int kChunks = kRows * (kDs / 8);  // 16-byte chunks of the tile
+  for (int i = tid; i < kChunks; i += threads) {
+    const int slab = i / (kRows * 8), row = (i / 8) % kRows, ch = i % 8;
+    if (row >= valid) {
+      const uint32_t dst = tile + slab * (kRows * 128) + row * 128 + ch * 16;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+    }
+  }
+  fence_proxy_async();
+}
+
 // Pins registers at this point of the program: the compiler may not move their reads or writes
 // across it (the accumulators of an in-flight wgmma are only valid after its wait).
 template <int N>

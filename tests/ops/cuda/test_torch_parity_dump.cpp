@@ -7,8 +7,9 @@
 // column sum and flash attention (fwd + bwd over packed documents: causal GQA at head dims 128 and 64,
 // a sliding window, bidirectional at the narrow head dim 72) through Kestrel, and writes inputs and
 // outputs as "<op>.<name>" tensors (hyperparameters in the metadata; per attention case its
-// documents' lengths, causal flag and window). The script recomputes every output with PyTorch from the same inputs and fails
-// when Kestrel's error against an f32 reference exceeds twice PyTorch's own bf16 error (or a floor).
+// documents' lengths, causal flag and window). The script recomputes every output with PyTorch from
+// the same inputs and fails when Kestrel's error against an f32 reference exceeds twice PyTorch's own
+// bf16 error (or a floor; attention: FlashAttention's max-abs rule against float64).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
