@@ -108,6 +108,7 @@ TEST(CudaAllocator, RandomStressOnRealBackend) {
   struct Live {
     Tensor t;
     uint8_t pattern;
+    bool on_side;  // filled on `side`, which the legacy stream's reads do not wait for
   };
   std::vector<Live> live;
   int checked = 0;
@@ -115,6 +116,10 @@ TEST(CudaAllocator, RandomStressOnRealBackend) {
     if (!live.empty() && (rng() % 100 < 45 || live.size() > 300)) {
       size_t i = rng() % live.size();
       if (op % 25 == 0) {  // the block still holds its own pattern: nobody else wrote into it
+        // The read below runs on the current stream; a fill on the non-blocking side stream is
+        // ordered before it only by a wait (without one, the read raced the fill and saw the
+        // previous owner's pattern).
+        if (live[i].on_side) KESTREL_CUDA_CHECK(cudaStreamSynchronize(side));
         std::vector<uint8_t> v = bytes_of(live[i].t);
         ASSERT_EQ(v.front(), live[i].pattern);
         ASSERT_EQ(v.back(), live[i].pattern);
@@ -132,9 +137,9 @@ TEST(CudaAllocator, RandomStressOnRealBackend) {
       };
       if (on_side) {
         cuda::StreamGuard g(side);
-        live.push_back({make(), pattern});
+        live.push_back({make(), pattern, true});
       } else {
-        live.push_back({make(), pattern});
+        live.push_back({make(), pattern, false});
       }
     }
   }
