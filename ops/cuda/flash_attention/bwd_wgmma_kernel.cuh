@@ -50,20 +50,17 @@
 
 namespace kestrel::cuda::fa {
 
-template <int kD, int kBr, bool kBulkDq>
+template <int kD, int kBr>
 constexpr size_t bwd_wgmma_smem_bytes() {
-  // K, V; 3 x (Q, dO); 2 x dS^T; kBulkDq: dQ [kBr][128] f32; 3 x (lse2, delta); 3 mbarriers; 1 KiB
-  // for the 1024-byte alignment.
+  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 3 mbarriers; 1 KiB for the 1024-byte alignment.
   constexpr int kDs = kernel_smem_dim(kD);
-  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + (kBulkDq ? kBr * 128 * 4 : 0) +
-         6 * kBr * sizeof(float) + 3 * 8 + 1024;
+  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 3 * 8 + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
 __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask,
                                                                    const __grid_constant__ CUtensorMap tq,
-                                                                   const __grid_constant__ CUtensorMap tdo,
-                                                                   const __grid_constant__ CUtensorMap tdq) {
+                                                                   const __grid_constant__ CUtensorMap tdo) {
   constexpr int kBc = 128, kThreads = 256, kBufs = 3;
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
@@ -81,10 +78,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kDs/64][kBr][64]
   const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kDs/64][kBr][64]
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
-  constexpr bool kBulkDq = WgmmaBwdTraits<kD>::kBulkDq && !kDeterministic;
-  constexpr uint32_t kDqBytes = kBulkDq ? kBr * 128 * 4 : 0;
-  const uint32_t sdQ = sdS0 + 2 * kSBytes;  // kBulkDq: per warpgroup 2 boxes [kBr][32] f32, 128-byte swizzle
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sdQ + kDqBytes - raw));  // kBufs x [kBr]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
   constexpr bool kBwdTmaQ = WgmmaBwdTraits<kD>::kTmaQ;
   const uint32_t bars = smem_u32(sDelta + kBufs * kBr);  // kBwdTmaQ: "Q and dO of buffer b landed"
@@ -101,7 +95,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     if (tid == 0) {
       prefetch_tma_map(&tq);
       prefetch_tma_map(&tdo);
-      if constexpr (kBulkDq) prefetch_tma_map(&tdq);
       for (int b = 0; b < kBufs; ++b) mbar_init(bars + 8 * b, 1);
       fence_mbarrier_init();
     }
@@ -299,37 +292,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     }
   };
 
-  // kBulkDq (kBr 64: the warpgroups split dQ's columns): this warpgroup's [64 queries][64 columns]
-  // as two 128-byte-swizzled [64][32] f32 boxes (element (row, col) at box col / 32, row * 128 +
-  // (col % 32 / 4 ^ row % 8) * 16 + col % 4 * 4: a warp's float2 stores fill whole 128-byte lines),
-  // then its first thread adds both boxes to the workspace by TMA. Rows past the document hold
-  // exact zeros (P^T, hence dS^T, is 0 there), so the box may cover the next document's rows.
-  // The buffer is free again once that thread's bulk reads are done: it waits for them before the
-  // next tile's exchange barrier, which every thread passes before writing here. The issue, commit
-  // and waits run in every thread (predicated, or empty groups): a branch around them while dK's
-  // wgmma is in flight made ptxas fence it (C7519).
-  auto bulk_dq = [&](int it) {
-    const uint32_t box0 = sdQ + wg * (kBr * 64 * 4);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = key_lo + 8 * r;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t o = box0 + (j / 4) * (kBr * 128) + row * 128 + (((2 * (j % 4) + (c >> 1)) ^ g) << 4) + (c & 1) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(o), "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1])
-                     : "memory");
-      }
-    }
-    fence_proxy_async();
-    named_bar_sync(3 + wg, 128);
-    const int h = tile_head(it), token = q_start + tile_m0(it);
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      tma_reduce_add_3d(&tdq, box0 + b * (kBr * 128), wg * 64 + b * 32, h, token,
-                        tid % 128 == 0 && wg * 64 + b * 32 < D);
-    bulk_commit();
-  };
-
   // Deterministic mode: the counter of tile it ([Hq, total_q] at the tile's first row).
   auto dq_order_flag = [&](int it) {
     return a.dq_order + static_cast<int64_t>(tile_head(it)) * a.total_q + q_start + tile_m0(it);
@@ -383,14 +345,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     issue_dv(buf);       // dV runs while dS^T is exchanged
     cp_async_wait<0>();  // tile it + 1 landed: the barrier below publishes it
     fence_proxy_async();
-    if constexpr (kBulkDq) bulk_wait_read<0>();  // the dQ staging buffer is read (see bulk_dq)
     named_bar_sync(1, kThreads);  // both warpgroups' dS^T in shared memory
     issue_dq(it & 1);
     issue_dk(buf);
     wgmma_wait<1>();  // dV, dQ done; dK runs while dQ is reduced (FA2's order)
     fence_regs(dq);
-    if constexpr (kBulkDq) bulk_dq(it);
-    else reduce_dq(it);
+    reduce_dq(it);
     wgmma_wait<0>();
     fence_regs(pa);
     fence_regs(da);
@@ -407,7 +367,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   fence_regs(dk);
   fence_regs(dv);
   cp_async_wait<0>();  // nothing may still be landing in shared memory when the block exits
-  if constexpr (kBulkDq) bulk_wait<0>();  // nor be read by a bulk reduction
 
   T* dkp = static_cast<T*>(a.dk);
   T* dvp = static_cast<T*>(a.dv);
@@ -432,18 +391,16 @@ template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   static_assert(!kBlockMask || (!kDeterministic && !kPrefix), "the block mask is built alone");
   using Tr = WgmmaBwdTraits<kD>;
-  constexpr bool kBulkDq = Tr::kBulkDq && !kDeterministic;
-  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr, kBulkDq>();
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
   auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};
-  CUtensorMap tq{}, tdo{}, tdq{};
+  CUtensorMap tq{}, tdo{};
   if constexpr (Tr::kTmaQ) {
     tq = make_tma_map_3d(a.p.q, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
     tdo = make_tma_map_3d(a.dout, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
   }
-  if constexpr (kBulkDq) tdq = make_tma_map_dq(a.dq_accum, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
-  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo, tdq);
+  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,9 +19,6 @@ namespace kestrel::cuda::fa {
 // Encodes the map for `base` [tokens, heads, dim] of 2-byte elements; boxes of box_rows tokens.
 // Throws kestrel::Error "[flash_attention] ..." if the driver rejects it.
 CUtensorMap make_tma_map_3d(const void* base, AttnDType dtype, int tokens, int heads, int dim, int box_rows);
-// The map of the backward's f32 dq workspace [tokens, heads, dim] for tma_reduce_add_3d: boxes of
-// 32 columns (128 bytes, the swizzle span) x 1 head x box_rows tokens, 128-byte swizzle.
-CUtensorMap make_tma_map_dq(float* base, int tokens, int heads, int dim, int box_rows);
 
 #if defined(__CUDACC__)
 // Arrives on `bar` (one arrival) and raises its expected transaction bytes by `bytes`.
@@ -51,34 +48,6 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
                                               int token) {
 #pragma unroll
   for (int slab = 0; slab < kD / 64; ++slab) tma_load_3d(dst + slab * (kRows * 128), map, bar, slab * 64, head, token);
-}
-
-// global box (col, head, token) of `map` += the shared box at `src` (element type of the map: f32),
-// as one bulk reduction of this thread's bulk group, issued only where `pred` holds (predicated in
-// PTX: no branch, so ptxas need not fence the wgmma in flight around it). Parts of the box past the
-// tensor's bounds are not written. `src` must be written and fenced (fence.proxy.async) before, and
-// stay untouched until bulk_wait_read says the copy engine has read it.
-__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int col, int head, int token,
-                                                  bool pred) {
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-      " @q cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n}\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(col), "r"(head), "r"(token), "r"(src), "r"(static_cast<int>(pred))
-      : "memory");
-}
-// Closes this thread's bulk group (an empty one where it issued nothing).
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Waits until this thread's bulk groups have read their shared sources (all but the newest N);
-// returns at once in a thread without any.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Waits until this thread's bulk groups are complete, their global writes done (all but the newest N).
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {

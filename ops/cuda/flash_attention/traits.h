@@ -60,18 +60,10 @@ struct MmaFwdTraits { static constexpr int kD = 256, kBr = 64, kBc = 32, kMT = 1
 // thread, an mbarrier per ring slot) rather than cp.async from every thread; measured in
 // bench/notes/flash_attention.md ("Q and dO by TMA in the backward"): fwd+bwd +1% at D128, +3-5% at
 // D72 (kernel 80), +6% with a block mask at 128, -2-4% at D64 (which keeps cp.async).
-// kBulkDq: each warpgroup stages its dQ partial [64 queries x 64 columns] f32 in shared memory and
-// one thread adds it to the workspace with two TMA reductions (cp.reduce.async.bulk.tensor), rather
-// than 16 red.global.add.v2 per thread; 32 KiB more shared memory, which only the 64-query tiles
-// leave (not the deterministic variant, whose ordered adds stay red.global).
-#ifndef KESTREL_FA_BULK_DQ_EXPERIMENT
-#define KESTREL_FA_BULK_DQ_EXPERIMENT 1
-#endif
 template <int kD>
 struct WgmmaBwdTraits {
   static constexpr int kBc = 128, kBr = kernel_smem_dim(kD) == 128 ? 64 : 128;
   static constexpr bool kTmaQ = kernel_smem_dim(kD) == 128;
-  static constexpr bool kBulkDq = KESTREL_FA_BULK_DQ_EXPERIMENT && kernel_smem_dim(kD) == 128;
 };
 static_assert(WgmmaBwdTraits<64>::kBc == kBlockMaskBlock && kBlockMaskBlock % WgmmaBwdTraits<64>::kBr == 0 &&
                   kBlockMaskBlock % WgmmaBwdTraits<128>::kBr == 0,
