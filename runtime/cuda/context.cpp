@@ -175,15 +175,27 @@ int current_device() {
   return d;
 }
 
-int sm_count(int device) {
-  static std::atomic<int> cached[64] = {};
+namespace {
+// A device attribute read once per device (up to 64 devices) and cached.
+int cached_attribute(cudaDeviceAttr attr, std::atomic<int> (&cache)[64], int device) {
   if (device < 0) device = current_device();
-  int n = device < 64 ? cached[device].load(std::memory_order_relaxed) : 0;
+  int n = device < 64 ? cache[device].load(std::memory_order_relaxed) : 0;
   if (n == 0) {
-    KESTREL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    if (device < 64) cached[device].store(n, std::memory_order_relaxed);
+    KESTREL_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, device));
+    if (device < 64) cache[device].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+}  // namespace
+
+int sm_count(int device) {
+  static std::atomic<int> cached[64] = {};
+  return cached_attribute(cudaDevAttrMultiProcessorCount, cached, device);
+}
+
+int64_t l2_cache_bytes(int device) {
+  static std::atomic<int> cached[64] = {};
+  return cached_attribute(cudaDevAttrL2CacheSize, cached, device);
 }
 
 cudaStream_t current_stream(int device) {

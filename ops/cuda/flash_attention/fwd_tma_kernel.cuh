@@ -207,7 +207,7 @@ template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, boo
 __global__ void __launch_bounds__((kWG + 1) * 128, 1)
     flash_fwd_ws_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                        const FlashBlockMask mask, int n_qtiles) {
+                        const FlashBlockMask mask, int n_qtiles, int section) {
   constexpr int kBr = kWG * 64;
   constexpr int kDs = kernel_smem_dim(kD);
   // Registers: producer 24, consumers the rest of the 64K file (multiples of 8): 240 for 2, 160 for 3.
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
     for (int r = 0;; ++r) {
       const int w = fwd_work_index(r);
       if (w >= n_work) break;
-      const FwdWork wk = fwd_work_item(p, n_qtiles, w);
+      const FwdWork wk = fwd_work_item(p, n_qtiles, section, w);
       const FwdTile t = fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, &mask, wk.h, wk.m, wk.doc);
       const int n_tiles = t.n_blocks - t.n_first;
       if (t.m0 >= t.len_q || n_tiles <= 0) continue;
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
   for (int r = 0;; ++r) {
     const int w = fwd_work_index(r);
     if (w >= n_work) break;
-    const FwdWork wk = fwd_work_item(p, n_qtiles, w);
+    const FwdWork wk = fwd_work_item(p, n_qtiles, section, w);
     const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] =
         fwd_tile_at<kBr, kBc, kPrefix, kBlockMask>(p, &mask, wk.h, wk.m, wk.doc);
     if (m0 >= len_q) continue;
@@ -397,7 +397,8 @@ void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream) {
     KESTREL_CHECK(n_work < (int64_t{1} << 30), "flash_attention", "forward: ", n_work,
                   " work items (query tiles x heads x documents) exceed the persistent scheduler's 2^30");
     const int n_qtiles = (p.max_seqlen_q + kBr - 1) / kBr;
-    kernel<<<fwd_persistent_grid(p, kBr), (Tr::kWG + 1) * 128, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles);
+    const int section = fwd_section_pairs(p, l2_cache_bytes());
+    kernel<<<fwd_persistent_grid(p, kBr), (Tr::kWG + 1) * 128, smem, stream>>>(p, tq, tk, tv, mask, n_qtiles, section);
   } else {
     static_assert(!kPrefix && !kBlockMask && Tr::kWG == 2 && Tr::kPingPong,
                   "the per-tile kernel is built for the narrow head dims only: two ping-pong warpgroups, no mask variants");

@@ -1,8 +1,9 @@
-// The persistent forward's work list (tile_scheduler.h: fwd_work_at, fwd_work_index_at), checked on
-// the host: for many grid sizes and list lengths every block walks increasing indices and stops at
-// its first index past the list, every item is walked by exactly one block, and the items map one to
-// one onto (query tile, head, document) with the query tiles in non-increasing bands. No GPU needed:
-// the kernels call the same functions with blockIdx.x / gridDim.x.
+// The persistent forward's work list (tile_scheduler.h: fwd_work_at, fwd_work_index_at,
+// fwd_section_pairs), checked on the host: for many grid sizes and list lengths every block walks
+// increasing indices and stops at its first index past the list, every item is walked by exactly one
+// block, the items map one to one onto (query tile, head, document), section by section with the
+// query tiles in non-increasing bands inside each, and the sections hold whole GQA groups whose K/V
+// fit in half the L2. No GPU needed: the kernels call the same functions with blockIdx.x / gridDim.x.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -51,26 +52,63 @@ TEST(FlashAttentionSchedule, SnakeOrderAlternatesTheBlocksOfEachRound) {
   for (int b = 0; b < grid; ++b) EXPECT_EQ(fwd_work_index_at(0, b, grid) + fwd_work_index_at(1, b, grid), 2 * grid - 1);
 }
 
-TEST(FlashAttentionSchedule, ItemsMapOneToOneOntoTilesHeadsAndDocumentsHeaviestBandFirst) {
+TEST(FlashAttentionSchedule, ItemsMapOneToOneOntoTilesHeadsAndDocumentsSectionBySectionHeaviestBandFirst) {
   for (auto [heads, docs, n_qtiles] : {std::tuple{1, 1, 1}, std::tuple{32, 2, 64}, std::tuple{12, 3, 16},
                                        std::tuple{7, 5, 3}}) {
-    std::set<std::tuple<int, int, int>> items;
-    int prev_m = n_qtiles;
-    const int n_work = heads * docs * n_qtiles;
-    for (int w = 0; w < n_work; ++w) {
-      const FwdWork it = fwd_work_at(heads, docs, n_qtiles, w);
-      ASSERT_GE(it.h, 0);
-      ASSERT_LT(it.h, heads);
-      ASSERT_GE(it.doc, 0);
-      ASSERT_LT(it.doc, docs);
-      ASSERT_GE(it.m, 0);
-      ASSERT_LT(it.m, n_qtiles);
-      ASSERT_LE(it.m, prev_m) << "query tiles in non-increasing bands (heaviest causal tiles first)";
-      prev_m = it.m;
-      items.insert({it.h, it.m, it.doc});
+    const int pairs = heads * docs, n_work = pairs * n_qtiles;
+    for (int section : {1, 2, 3, 8, pairs - 1, pairs, pairs + 5}) {
+      if (section < 1) continue;
+      std::set<std::tuple<int, int, int>> items;
+      int prev_sec = -1, prev_m = n_qtiles;
+      for (int w = 0; w < n_work; ++w) {
+        const FwdWork it = fwd_work_at(heads, docs, n_qtiles, section, w);
+        ASSERT_GE(it.h, 0);
+        ASSERT_LT(it.h, heads);
+        ASSERT_GE(it.doc, 0);
+        ASSERT_LT(it.doc, docs);
+        ASSERT_GE(it.m, 0);
+        ASSERT_LT(it.m, n_qtiles);
+        // The item's pair lies in its section, and the sections come in order, each walked whole.
+        const int pair = it.doc * heads + it.h, sec = pair / section;
+        ASSERT_GE(sec, prev_sec) << "sections in order";
+        if (sec != prev_sec) {
+          ASSERT_EQ(w, sec * section * n_qtiles) << "a section starts after the previous one's every item";
+          prev_m = n_qtiles;
+        }
+        ASSERT_LE(it.m, prev_m) << "inside a section, query tiles in non-increasing bands (heaviest causal first)";
+        prev_sec = sec;
+        prev_m = it.m;
+        items.insert({it.h, it.m, it.doc});
+      }
+      EXPECT_EQ(static_cast<int>(items.size()), n_work)
+          << heads << " heads, " << docs << " docs, " << n_qtiles << " tiles, section " << section;
     }
-    EXPECT_EQ(static_cast<int>(items.size()), n_work) << heads << " heads, " << docs << " docs, " << n_qtiles << " tiles";
   }
+}
+
+TEST(FlashAttentionSchedule, SectionsHoldWholeGqaGroupsWhoseKeysAndValuesFitInHalfTheL2) {
+  FlashAttentionParams p{};
+  p.num_heads_q = 32;
+  p.num_heads_kv = 8;
+  p.num_docs = 2;
+  p.head_dim = 128;
+  p.max_seqlen_k = 8192;
+  const int64_t l2 = int64_t{50} << 20;  // an H100 / H200: 50 MiB
+  // K and V of one KV head of one document: 8192 x 128 x 2 bytes x 2 = 4 MiB; half the L2 holds 6.
+  EXPECT_EQ(fwd_section_pairs(p, l2), 6 * 4);
+  p.max_seqlen_k = 1 << 20;  // one KV head is larger than the budget: one group per section
+  EXPECT_EQ(fwd_section_pairs(p, l2), 4);
+  p.max_seqlen_k = 128;  // everything fits: one section
+  EXPECT_EQ(fwd_section_pairs(p, l2), 64);
+  for (int seqlen : {1, 100, 4096, 8192, 65536})
+    for (int kv : {1, 2, 8, 32}) {
+      p.num_heads_kv = kv;
+      p.max_seqlen_k = seqlen;
+      const int s = fwd_section_pairs(p, l2);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, p.num_heads_q * p.num_docs);
+      if (s < p.num_heads_q * p.num_docs) EXPECT_EQ(s % (p.num_heads_q / kv), 0) << "whole GQA groups";
+    }
 }
 
 }  // namespace

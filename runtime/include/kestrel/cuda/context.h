@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kestrel::cuda {
 
@@ -27,6 +28,9 @@ int current_device();
 // Streaming multiprocessors of `device` (-1: current_device()), read from the device once: grid
 // sizes come from it, never from a literal (kestrel/runtime/device_info.h describes the rest).
 int sm_count(int device = -1);
+// Bytes of `device`'s L2 cache (cudaDevAttrL2CacheSize), read once and cached like sm_count: the
+// attention forward sizes its work sections from it.
+int64_t l2_cache_bytes(int device = -1);
 // The stream ops on `device` launch on: the innermost StreamGuard's, else the device's compute stream.
 cudaStream_t current_stream(int device = -1);  // -1: current_device()
 cudaStream_t compute_stream(int device = -1);
