@@ -199,10 +199,11 @@ __global__ void __launch_bounds__(256, 1)
 // others consumers of 64 query rows each that run the mainloop above without a single copy or
 // producer wait in their instruction stream: two taking turns to issue their GEMMs (kPingPong, 240
 // registers; head dim 128, block masks) or three running free (160 registers; head dim 64). One
-// block per SM walks the work items of fwd_work_item (heaviest causal band first, snake order); the
-// K/V rings and their phases run on across items, and Q has a "free" mbarrier (one arrival per
-// consumer warp once its last S GEMM of the item completed), so the producer loads the next item's
-// Q and first K/V tiles while the consumers finish the last tile and write the output.
+// block per SM walks the work items of fwd_work_item (in L2 sections, heaviest causal band first
+// inside each, snake order); the K/V rings and their phases run on across items, and Q has a
+// "free" mbarrier (one arrival per consumer warp once its last S GEMM of the item completed), so
+// the producer loads the next item's Q and first K/V tiles while the consumers finish the last
+// tile and write the output.
 template <typename T, int kD, int kWG, int kBc, int kStages, bool kPingPong, bool kPrefix, bool kBlockMask>
 __global__ void __launch_bounds__((kWG + 1) * 128, 1)
     flash_fwd_ws_kernel(const FlashAttentionParams p, const __grid_constant__ CUtensorMap tq,
