@@ -86,12 +86,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const FlashAttentionParams& p = a.p;
   const int tid = threadIdx.x, wg = tid / 128, wwarp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-#if KESTREL_FA_BWD_L2_ORDER_EXPERIMENT
-  const BwdBlock bb = bwd_block_at(p.num_heads_kv, p.num_docs, (p.max_seqlen_k + kBc - 1) / kBc, a.section, blockIdx.x);
-  const int hk = bb.hk, n_block = bb.n_block, doc = bb.doc;
-#else
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
-#endif
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
       bwd_tile<kBc, kBr, kPrefix, kBlockMask>(p, n_block, doc, kBlockMask ? &mask : nullptr);
   if (n0 >= len_k) return;
@@ -405,13 +400,7 @@ void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
     tq = make_tma_map_3d(a.p.q, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
     tdo = make_tma_map_3d(a.dout, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
   }
-#if KESTREL_FA_BWD_L2_ORDER_EXPERIMENT
-  BwdArgs al = a;
-  al.section = bwd_section_pairs(a.p, l2_cache_bytes());
-  kernel<<<bwd_linear_grid(a.p, Tr::kBc), 256, smem, stream>>>(al, mask, tq, tdo);
-#else
   kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo);
-#endif
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

@@ -37,33 +37,6 @@ inline dim3 fwd_persistent_grid(const FlashAttentionParams& p, int block_rows) {
 inline dim3 bwd_grid(const FlashAttentionParams& p, int block_keys, int column_splits = 1) {
   return dim3(p.num_heads_kv * column_splits, (p.max_seqlen_k + block_keys - 1) / block_keys, p.num_docs);
 }
-// Experiment (probe, default off): the Hopper backward on a 1-D grid ordered for L2: sections of
-// `section` (KV head, document) pairs whose Q, dO and dq workspace fit in half the L2, key blocks
-// longest first inside a section (bwd_block_at).
-#ifndef KESTREL_FA_BWD_L2_ORDER_EXPERIMENT
-#define KESTREL_FA_BWD_L2_ORDER_EXPERIMENT 0
-#endif
-inline int bwd_section_pairs(const FlashAttentionParams& p, int64_t l2_bytes) {
-  const int64_t pairs = static_cast<int64_t>(p.num_heads_kv) * p.num_docs;
-  const int group = p.num_heads_q / p.num_heads_kv;
-  const int64_t bytes = std::max<int64_t>(1, static_cast<int64_t>(group) * p.max_seqlen_q * p.head_dim * 8);
-  return static_cast<int>(std::min(pairs, std::max<int64_t>(1, l2_bytes / 2 / bytes)));
-}
-inline dim3 bwd_linear_grid(const FlashAttentionParams& p, int block_keys) {
-  return dim3(static_cast<unsigned>(p.num_heads_kv * ((p.max_seqlen_k + block_keys - 1) / block_keys) * p.num_docs));
-}
-struct BwdBlock {
-  int hk, n_block, doc;
-};
-__host__ __device__ __forceinline__ BwdBlock bwd_block_at(int num_heads_kv, int num_docs, int n_kblocks, int section,
-                                                          int b) {
-  const int pairs = num_heads_kv * num_docs, per_section = section * n_kblocks;
-  const int sec = b / per_section, first = sec * section;
-  const int width = section < pairs - first ? section : pairs - first, i = b - sec * per_section;
-  const int pair = first + i % width;
-  return BwdBlock{pair % num_heads_kv, i / width, pair / num_heads_kv};
-}
-
 // Blocks of a grid-stride kernel over `items` work items, `per_block` per block and pass.
 inline int grid_stride_blocks(int64_t items, int per_block) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((items + per_block - 1) / per_block,

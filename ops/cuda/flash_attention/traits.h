@@ -85,7 +85,6 @@ struct BwdArgs {
   int* dq_order;       // [Hq, total_q] i32, zeroed by the preprocess kernel; deterministic mode only:
                        // at the first row of each query tile, how many key blocks have added their dq
   int total_q;
-  int section = 0;  // KESTREL_FA_BWD_L2_ORDER_EXPERIMENT: (KV head, document) pairs per L2 section
 };
 
 // kPrefix: p.prefix_len is set (prefix-LM mask); kBlockMask: p.block_mask is set (built at 64 and
