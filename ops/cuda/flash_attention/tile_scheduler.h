@@ -3,9 +3,9 @@
 //
 // Forward grid: persistent (fwd_persistent_grid / fwd_work_item: one block per SM walking the query
 // tiles in L2 sections of (head, document) pairs, heaviest band first, snake order) for the
-// warp-specialised Hopper forward; x = query head,
-// y = query tile (heaviest-first under causal masking: block y takes tile gridDim.y - 1 - y),
-// z = document for the per-tile Hopper forward (narrow head dims) and the mma.sync one.
+// warp-specialised Hopper forward; x = query head, y = query tile (heaviest-first under causal
+// masking: block y takes tile gridDim.y - 1 - y), z = document for the per-tile Hopper forward
+// (narrow head dims) and the mma.sync one.
 // Backward grid: x = KV head (x column splits for the head-dim-256 kernel), y = key block,
 // z = document; a backward block walks the query tiles of every query head of its GQA group that
 // see its keys. The pre/post-processing kernels are grid-stride
@@ -50,11 +50,12 @@ inline int grid_stride_blocks(int64_t items, int per_block) {
 // first + i % width. So the blocks running at one time read the K/V of one or two sections, which
 // stay in L2, rather than every head's (band-major over all pairs, the order before, read K and V
 // from DRAM once per query tile: 58% of DRAM bandwidth and 93% of L2's in the 8k causal D128
-// forward, ncu; with sections 12% and 45%, and the forward 11% faster). Block b of G takes item r * G + b in even rounds r and r * G + G - 1 - b in odd
-// ones (snake order: the blocks that took the heavier items of a band take the lighter ones of the
-// next, so their sums stay within one band's spread); a block stops at its first index past the
-// list. Host and device (tests/ops/cuda/test_flash_attention_schedule.cpp checks every item is
-// walked exactly once, and the sections).
+// forward, ncu; with sections 12% and 45%, and the forward 11% faster). Block b of G takes item
+// r * G + b in even rounds r and r * G + G - 1 - b in odd ones (snake order: the blocks that took
+// the heavier items of a band take the lighter ones of the next, so their sums stay within one
+// band's spread); a block stops at its first index past the list. Host and device
+// (tests/ops/cuda/test_flash_attention_schedule.cpp checks every item is walked exactly once, and
+// the sections).
 struct FwdWork {
   int h, m, doc;
 };
