@@ -48,6 +48,7 @@
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 
+
 namespace kestrel::cuda::fa {
 
 template <int kD, int kBr>
@@ -308,18 +309,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       mbar_wait(bars + 8 * buf, static_cast<uint32_t>((it / kBufs) & 1));
       const int valid = len_q - tile_m0(it);
       if (valid < kBr) {  // block-uniform: rows past the document hold another one's Q/dO -> zeros
-        constexpr int kChunks = kBr * (kDs / 8);
-        for (int i = tid; i < kChunks; i += kThreads) {
-          const int slab = i / (kBr * 8), row = (i / 8) % kBr, ch = i % 8;
-          if (row >= valid) {
-            const uint32_t o = buf * kQBytes + slab * (kBr * 128) + row * 128 + ch * 16;
-            asm volatile(
-                "st.shared.v4.u32 [%0], {%2, %2, %2, %2};\nst.shared.v4.u32 [%1], {%2, %2, %2, %2};\n" ::"r"(sQ0 + o),
-                "r"(sdO0 + o), "r"(0u)
-                : "memory");
-          }
-        }
-        fence_proxy_async();
+        zero_tile_rows<kBr, kDs>(sQ0 + buf * kQBytes, valid, tid, kThreads);
+        zero_tile_rows<kBr, kDs>(sdO0 + buf * kQBytes, valid, tid, kThreads);
         named_bar_sync(2, kThreads);
       }
     }
