@@ -48,7 +48,6 @@
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
 
-
 namespace kestrel::cuda::fa {
 
 template <int kD, int kBr>
