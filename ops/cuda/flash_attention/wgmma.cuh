@@ -104,7 +104,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // threads tid, tid + threads, ...) and makes them visible to the async proxy; the caller's barrier
 // then publishes them to the wgmma of the other threads. The kernels use it on the rows past a
 // document's end inside a tile that TMA filled whole (the next document's values, which 0 * x must
-// not meet): the forward's V rows.
+// not meet): the forward's V rows, the backward's Q and dO rows.
 template <int kRows, int kDs>
 __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int valid, int tid, int threads) {
   constexpr int kChunks = kRows * (kDs / 8);  // 16-byte chunks of the tile
