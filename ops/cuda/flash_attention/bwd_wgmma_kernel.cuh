@@ -50,25 +50,11 @@
 
 namespace kestrel::cuda::fa {
 
-// kPair: the key-block pairs (clusters of two CTAs, see above) on the plain kernels that load Q
-// and dO by TMA (head dims 80-128); the deterministic, prefix-LM and block-mask kernels walk alone.
-template <int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
-constexpr bool bwd_pairs() {
-#ifndef KESTREL_FA_BWD_PAIR
-#define KESTREL_FA_BWD_PAIR 1
-#endif
-  return KESTREL_FA_BWD_PAIR && WgmmaBwdTraits<kD>::kTmaQ && !kDeterministic && !kPrefix && !kBlockMask;
-}
-// The pair's dQ exchange: per buffer and thread, the 16 floats the other CTA reduces.
-constexpr uint32_t kBwdPairXBytes = 256 * 16 * sizeof(float);
-
-template <int kD, int kBr, bool kPair>
+template <int kD, int kBr>
 constexpr size_t bwd_wgmma_smem_bytes() {
-  // K, V; 3 x (Q, dO); 2 x dS^T; kPair: 2 x the dQ exchange; 3 x (lse2, delta); 3 mbarriers; 1 KiB
-  // for the 1024-byte alignment.
+  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 3 mbarriers; 1 KiB for the 1024-byte alignment.
   constexpr int kDs = kernel_smem_dim(kD);
-  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + (kPair ? 2 * kBwdPairXBytes : 0) +
-         6 * kBr * sizeof(float) + 3 * 8 + 1024;
+  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 3 * 8 + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
@@ -83,7 +69,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   constexpr int kNd = kD / 2;    // dK, dV accumulator floats per thread (64 keys x kD)
   constexpr int kKs = kBr / 16;  // k-steps of dV / dK (A fragments of P^T / dS^T)
   constexpr uint32_t kKVBytes = kBc * kDs * 2, kQBytes = kBr * kDs * 2, kSBytes = kBc * kBr * 2;
-  constexpr bool kPair = bwd_pairs<kD, kDeterministic, kPrefix, kBlockMask>();
   static_assert((kDs == 128 && kBr == 64) || (kDs == 64 && kBr == 128), "dQ tile: 64 x 64 per warpgroup");
   static_assert(kD % 16 == 0 && kD <= kDs && kD > kDs - 64, "head dim within the shared tile's last slab");
   extern __shared__ unsigned char smem_raw[];
@@ -93,8 +78,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kDs/64][kBr][64]
   const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kDs/64][kBr][64]
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
-  const uint32_t sX0 = sdS0 + 2 * kSBytes;       // kPair: 2 x [4][256 threads][4 floats], the dQ exchange
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sX0 + (kPair ? 2 * kBwdPairXBytes : 0) - raw));  // kBufs x [kBr]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
   constexpr bool kBwdTmaQ = WgmmaBwdTraits<kD>::kTmaQ;
   const uint32_t bars = smem_u32(sDelta + kBufs * kBr);  // kBwdTmaQ: "Q and dO of buffer b landed"
@@ -103,10 +87,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const int tid = threadIdx.x, wg = tid / 128, wwarp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
-  const int rank = kPair ? n_block & 1 : 0;  // the CTA's rank in its pair (cluster dims 1 x 2 x 1)
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
-      bwd_pair_tile<kBc, kBr, kPrefix, kBlockMask, kPair>(p, n_block, doc, kBlockMask ? &mask : nullptr);
-  if (n0 - rank * kBc >= len_k) return;  // kPair: both CTAs of the pair or neither
+      bwd_tile<kBc, kBr, kPrefix, kBlockMask>(p, n_block, doc, kBlockMask ? &mask : nullptr);
+  if (n0 >= len_k) return;
   const int D = p.head_dim;
   if constexpr (kBwdTmaQ) {
     if (tid == 0) {
@@ -115,12 +98,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       for (int b = 0; b < kBufs; ++b) mbar_init(bars + 8 * b, 1);
       fence_mbarrier_init();
     }
-    if constexpr (kPair) {  // the other CTA's barriers are ready before any copy signals them
-      cluster_arrive();
-      cluster_wait();
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
   }
 
   const T* q = static_cast<const T*>(p.q);
@@ -147,13 +125,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   };
   auto prefetch = [&](int it) {
     const int h = tile_head(it), m0 = tile_m0(it), buf = it % kBufs;
-    if constexpr (kPair && KESTREL_FA_BWD_PAIR != 2) {  // rank 0 brings Q, rank 1 dO, each into both CTAs
-      if (tid == 0) {
-        mbar_arrive_expect_tx(bars + 8 * buf, 2 * kQBytes);
-        tma_load_tile_multicast<kBr, kDs>((rank ? sdO0 : sQ0) + buf * kQBytes, rank ? &tdo : &tq, bars + 8 * buf, h,
-                                          q_start + m0, 0x3);
-      }
-    } else if constexpr (kBwdTmaQ) {
+    if constexpr (kBwdTmaQ) {
       if (tid == 0) {
         mbar_arrive_expect_tx(bars + 8 * buf, 2 * kQBytes);
         tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, bars + 8 * buf, h, q_start + m0);
@@ -305,48 +277,19 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       WgmmaSST<T, 64>::run(dq, s_t + kk * (16 * 128 / 16), dK_mn + kk * (16 * 128 / 16), kk > 0);
     wgmma_commit();
   };
-  // Adds accumulator column groups j0 .. j0 + kJ - 1 (columns 8j + 2c, +1) of `v` (v[4j' + 2r + e]
-  // for group j0 + j') to dq_accum.
-  auto reduce_dq = [&](int it, auto& v, int j0, bool live) {
-    constexpr int kJ = sizeof(v) / sizeof(float) / 4;
+  auto reduce_dq = [&](int it) {
     const int h = tile_head(it), m0 = tile_m0(it);
     const int qrow = m0 + (kBr == 128 ? wg * 64 : 0) + key_lo;  // accumulator rows qrow, qrow + 8
-    const int col0 = (kDs == 128 ? wg * 64 : 0) + 8 * j0 + 2 * c;
+    const int col0 = (kDs == 128 ? wg * 64 : 0) + 2 * c;
     float* dst = a.dq_accum + (static_cast<int64_t>(q_start + qrow) * p.num_heads_q + h) * D + col0;
     const int64_t row_step = static_cast<int64_t>(p.num_heads_q) * D * 8;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const bool row_ok = live && qrow + 8 * r < len_q;
+      const bool row_ok = qrow + 8 * r < len_q;
 #pragma unroll
-      for (int j = 0; j < kJ; ++j)
-        red_add_f32x2(dst + r * row_step + 8 * j, v[4 * j + 2 * r], v[4 * j + 2 * r + 1], row_ok && col0 + 8 * j < D);
+      for (int j = 0; j < 8; ++j)
+        red_add_f32x2(dst + r * row_step + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], row_ok && col0 + 8 * j < D);
     }
-  };
-  // kPair: each CTA reduces half of dQ's columns (groups 4 * rank ..), the sum of both partials.
-  // Before the pair's barrier a thread stores the other half of its accumulator into the same
-  // thread's exchange slot of the other CTA; after it, it adds the slot the other CTA filled.
-  const uint32_t x_slot = sX0 + tid * 16;  // + buffer * kBwdPairXBytes + group * 4096
-  auto send_dq = [&](int it) {
-    const uint32_t dst = cluster_map(x_slot + (it & 1) * kBwdPairXBytes, rank ^ 1);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int lo = 4 * j, hi = 16 + 4 * j;  // the other CTA's groups: 4..7 for rank 0, 0..3 for rank 1
-      st_cluster_f32x4(dst + j * 4096, rank ? dq[lo] : dq[hi], rank ? dq[lo + 1] : dq[hi + 1],
-                       rank ? dq[lo + 2] : dq[hi + 2], rank ? dq[lo + 3] : dq[hi + 3]);
-    }
-  };
-  auto reduce_pair_dq = [&](int it, bool live) {
-    float own[16];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 x = ld_shared_f32x4(x_slot + (it & 1) * kBwdPairXBytes + j * 4096);
-      const int lo = 4 * j, hi = 16 + 4 * j;
-      own[lo] = (rank ? dq[hi] : dq[lo]) + x.x;
-      own[lo + 1] = (rank ? dq[hi + 1] : dq[lo + 1]) + x.y;
-      own[lo + 2] = (rank ? dq[hi + 2] : dq[lo + 2]) + x.z;
-      own[lo + 3] = (rank ? dq[hi + 3] : dq[lo + 3]) + x.w;
-    }
-    reduce_dq(it, own, 4 * rank, live);
   };
 
   // Deterministic mode: the counter of tile it ([Hq, total_q] at the tile's first row).
@@ -359,30 +302,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     fence_proxy_async();
     __syncthreads();  // K, V and tile 0 visible
   }
-  // kPair: tile it sends its dQ half and arrives on the pair's barrier; tile it + 1 waits there
-  // and reduces tile it's half while its S^T / dP^T run. The arrival before the loop pairs with
-  // tile 0's wait (which reduces nothing).
-  if (kPair && n_iter > 0) cluster_arrive();
-  if (kPair && n0 >= len_k) {  // a pair's second block past the keys: no GEMMs; it brings dO and
-                               // reduces its half of the other CTA's dQ (plus its own zeros)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-    for (int it = 0; it < n_iter; ++it) {
-      mbar_wait(bars + 8 * (it % kBufs), static_cast<uint32_t>((it / kBufs) & 1));
-      cluster_wait();
-      reduce_pair_dq(it - 1, it > 0);
-      if (it + 1 < n_iter) prefetch(it + 1);
-      cp_async_commit();
-      send_dq(it);
-      cluster_arrive();
-    }
-    if (n_iter > 0) {
-      cluster_wait();
-      reduce_pair_dq(n_iter - 1, true);
-    }
-    cp_async_wait<0>();
-    return;
-  }
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kBufs;
     if constexpr (kBwdTmaQ) {
@@ -393,10 +312,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
         zero_tile_rows<kBr, kDs>(sdO0 + buf * kQBytes, valid, tid, kThreads);
         named_bar_sync(2, kThreads);
       }
-    }
-    if constexpr (kPair) {  // tile it - 1's dQ half (before the copies: the wait also frees their buffer)
-      cluster_wait();
-      reduce_pair_dq(it - 1, it > 0);
     }
     wgmma_fence();
     issue_sdp(buf);
@@ -425,23 +340,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     issue_dk(buf);
     wgmma_wait<1>();  // dV, dQ done; dK runs while dQ is reduced (FA2's order)
     fence_regs(dq);
-    if constexpr (kPair) {
-      send_dq(it);
-      cluster_arrive();
-    } else {
-      reduce_dq(it, dq, 0, true);
-    }
+    reduce_dq(it);
     wgmma_wait<0>();
     fence_regs(pa);
     fence_regs(da);
     if constexpr (kDeterministic) {  // every thread's tile it - 1 reductions preceded this tile's barrier
       if (tid == 0 && it > 0) release_counter_inc(dq_order_flag(it - 1));
-    }
-  }
-  if constexpr (kPair) {
-    if (n_iter > 0) {
-      cluster_wait();
-      reduce_pair_dq(n_iter - 1, true);
     }
   }
   if constexpr (kDeterministic) {
@@ -477,8 +381,7 @@ template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   static_assert(!kBlockMask || (!kDeterministic && !kPrefix), "the block mask is built alone");
   using Tr = WgmmaBwdTraits<kD>;
-  constexpr bool kPair = bwd_pairs<kD, kDeterministic, kPrefix, kBlockMask>();
-  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr, kPair>();
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
   auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};
@@ -487,25 +390,7 @@ void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
     tq = make_tma_map_3d(a.p.q, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
     tdo = make_tma_map_3d(a.dout, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
   }
-  dim3 grid = bwd_grid(a.p, Tr::kBc);
-  if constexpr (kPair) {
-    grid.y += grid.y % 2;  // whole pairs; a pair's second block past the keys walks with every key masked
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(256);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = 2;
-    cluster.val.clusterDim.z = 1;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    KESTREL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, mask, tq, tdo));
-  } else {
-    kernel<<<grid, 256, smem, stream>>>(a, mask, tq, tdo);
-  }
+  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo);
   KESTREL_CUDA_CHECK_LAUNCH();
 }
 

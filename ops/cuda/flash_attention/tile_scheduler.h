@@ -197,27 +197,6 @@ __device__ __forceinline__ BwdTile bwd_tile(const FlashAttentionParams& p, int n
   return t;
 }
 
-// kPair (bwd_wgmma_kernel.cuh): the two key blocks 2i, 2i + 1 of a cluster walk the same query
-// tiles, the union of their bwd_tile ranges (causal: the even block's first two tiles are the odd
-// one's too, all masked there); everything else is the block's own.
-template <int kBc, int kBr, bool kPrefix, bool kBlockMask, bool kPair>
-__device__ __forceinline__ BwdTile bwd_pair_tile(const FlashAttentionParams& p, int n_block, int doc,
-                                                 const FlashBlockMask* mask) {
-  BwdTile t = bwd_tile<kBc, kBr, kPrefix, kBlockMask>(p, n_block, doc, mask);
-  if constexpr (kPair) {
-    static_assert(!kBlockMask, "a block mask lists each key block's own tiles");
-    const BwdTile o = bwd_tile<kBc, kBr, kPrefix>(p, n_block ^ 1, doc);
-    constexpr int kNone = 1 << 30;
-    const int begin = min(t.tiles_per_head > 0 ? t.m_begin : kNone, o.tiles_per_head > 0 ? o.m_begin : kNone);
-    const int end = max(t.tiles_per_head > 0 ? t.m_begin + t.tiles_per_head : 0,
-                        o.tiles_per_head > 0 ? o.m_begin + o.tiles_per_head : 0);
-    t.m_begin = end > begin ? begin : 0;
-    t.tiles_per_head = max(0, end - begin);
-    t.n_iter = t.tiles_per_head * t.group;
-  }
-  return t;
-}
-
 // Block mask: the key block of forward tile j (processing order, last listed first) of the query
 // block whose list starts at entry `base`, and that entry's kind (-1 FULL, else the bits' index).
 __device__ __forceinline__ int fwd_mask_entry(int base, int n_blocks, int j) { return base + n_blocks - 1 - j; }

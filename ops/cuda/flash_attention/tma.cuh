@@ -41,17 +41,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The same box delivered to the same shared offset and the same-offset mbarrier of every CTA of
-// the cluster whose bit is set in `cta_mask` (one L2 read for all of them).
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col,
-                                                      int head, int token, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
-      "{%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(token), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-
 // Loads a [kRows tokens, kD] tile (kD/64 boxes) of head `head` starting at `token` into the
 // [kD/64][kRows][64] layout at dst. One thread issues it; the caller arms `bar` for the bytes.
 template <int kRows, int kD>
@@ -59,15 +48,6 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
                                               int token) {
 #pragma unroll
   for (int slab = 0; slab < kD / 64; ++slab) tma_load_3d(dst + slab * (kRows * 128), map, bar, slab * 64, head, token);
-}
-
-// tma_load_tile to every CTA of `cta_mask` (tma_load_3d_multicast); each arms its own `bar`.
-template <int kRows, int kD>
-__device__ __forceinline__ void tma_load_tile_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int head,
-                                                        int token, uint16_t cta_mask) {
-#pragma unroll
-  for (int slab = 0; slab < kD / 64; ++slab)
-    tma_load_3d_multicast(dst + slab * (kRows * 128), map, bar, slab * 64, head, token, cta_mask);
 }
 
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {
