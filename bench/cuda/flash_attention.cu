@@ -53,6 +53,7 @@ namespace {
 using kestrel::cuda::AttnDType;
 using kestrel::cuda::FlashAttentionBackwardParams;
 using kestrel::cuda::FlashAttentionParams;
+using kestrel::cuda::FlashBwdLayout;
 using kestrel::cuda::FlashKernel;
 
 constexpr int kTokens = 16384;
@@ -70,7 +71,7 @@ struct Buffers {
 // Documents of length T (kTokens / T of them unless docs > 0), heads query = KV heads.
 void bench_attention(benchmark::State& state, int T, int D, bool causal, int window, bool backward,
                      bool deterministic = false, FlashKernel kernel = FlashKernel::Auto, int docs = 0,
-                     int heads = kHeads) {
+                     int heads = kHeads, FlashBwdLayout layout = FlashBwdLayout::Auto) {
   if (docs == 0) docs = kTokens / T;
   const int tokens = docs * T;
   const size_t n = static_cast<size_t>(tokens) * heads * D;
@@ -91,6 +92,7 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   p.window = window;
   p.kernel = kernel;
   p.deterministic = deterministic;
+  p.bwd_layout = layout;
   b.ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   KESTREL_CUDA_CHECK(cudaMalloc(&b.ws, b.ws_bytes));
   FlashAttentionBackwardParams bp{p, b.dout, b.dq, b.dk, b.dv, b.ws, b.ws_bytes};
@@ -108,7 +110,10 @@ void bench_attention(benchmark::State& state, int T, int D, bool causal, int win
   state.counters["TFLOPs"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(causal ? "causal" : "bidir") + (window > 0 ? " window=" + std::to_string(window) : "") +
                  (backward ? " fwd+bwd" : " fwd") + (deterministic ? " deterministic" : "") +
-                 (kernel == FlashKernel::HopperPadded ? " padded" : ""));
+                 (kernel == FlashKernel::HopperPadded ? " padded" : "") +
+                 (layout == FlashBwdLayout::Plain         ? " plain"
+                  : layout == FlashBwdLayout::Specialised ? " specialised"
+                                                          : ""));
   for (void* ptr : {b.q, b.k, b.v, b.out, b.dout, b.dq, b.dk, b.dv, b.ws}) cudaFree(ptr);
   cudaFree(b.lse);
   cudaFree(b.cu);
@@ -122,6 +127,12 @@ void BM_flash_attention(benchmark::State& state) {
 void BM_flash_attention_window(benchmark::State& state) {
   bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), true,
                   static_cast<int>(state.range(2)), state.range(3) != 0);
+}
+
+// The two backward layouts side by side in one binary (layout 1 Plain, 2 Specialised).
+void BM_flash_attention_bwd_layout(benchmark::State& state) {
+  bench_attention(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2) != 0, 0,
+                  true, false, FlashKernel::Auto, 0, kHeads, static_cast<FlashBwdLayout>(state.range(3)));
 }
 
 void BM_flash_attention_deterministic(benchmark::State& state) {
@@ -391,6 +402,14 @@ void deterministic_args(benchmark::internal::Benchmark* bm) {
   bm->ArgNames({"T", "D"});
 }
 
+void bwd_layout_args(benchmark::internal::Benchmark* bm) {
+  for (int causal : {1, 0})
+    for (int d : {72, 128})
+      for (int t : {4096, 8192, 16384})
+        for (int layout : {1, 2}) bm->Args({t, d, causal, layout});
+  bm->ArgNames({"T", "D", "causal", "layout"});
+}
+BENCHMARK(BM_flash_attention_bwd_layout)->Apply(bwd_layout_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_deterministic)->Apply(deterministic_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_window)->Apply(window_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 

@@ -40,18 +40,18 @@ void run_backward(const FlashAttentionBackwardParams& bp, const KernelChoice& ch
         constexpr int kD = decltype(d)::value;
         if constexpr (kernel_has_variants(kD)) {
           if (p.block_mask) {  // choose_kernel refused deterministic with it, check_params a prefix
-            launch_bwd_wgmma<T, kD, false, false, true>(a, stream);
+            launch_bwd_wgmma<T, kD, false, false, true>(a, choice.bwd_specialised, stream);
             return;
           }
           bool_switch(p.deterministic, [&](auto det) {
             bool_switch(p.prefix_len != nullptr, [&](auto prefix) {
-              launch_bwd_wgmma<T, kD, decltype(det)::value, decltype(prefix)::value>(a, stream);
+              launch_bwd_wgmma<T, kD, decltype(det)::value, decltype(prefix)::value>(a, choice.bwd_specialised, stream);
             });
           });
         } else {  // built without the deterministic / prefix-LM variants (choose_kernel pads those)
           KESTREL_CHECK(!p.deterministic && !p.prefix_len && !p.block_mask, "flash_attention",
                         "no deterministic, prefix-LM or block-mask backward at kernel head dim ", kD);
-          launch_bwd_wgmma<T, kD, false, false>(a, stream);
+          launch_bwd_wgmma<T, kD, false, false>(a, choice.bwd_specialised, stream);
         }
       });
     }

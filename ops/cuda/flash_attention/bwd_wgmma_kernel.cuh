@@ -47,21 +47,32 @@
 #include "cuda/flash_attention/traits.h"
 #include "cuda/flash_attention/wgmma.cuh"
 #include "kestrel/cuda/check.h"
+#include "kestrel/runtime/error.h"
 
 namespace kestrel::cuda::fa {
 
-template <int kD, int kBr>
-constexpr size_t bwd_wgmma_smem_bytes() {
-  // K, V; 3 x (Q, dO); 2 x dS^T; 3 x (lse2, delta); 3 mbarriers; 1 KiB for the 1024-byte alignment.
-  constexpr int kDs = kernel_smem_dim(kD);
-  return static_cast<size_t>(2 * 128 * kDs + 6 * kBr * kDs + 2 * 128 * kBr) * 2 + 6 * kBr * sizeof(float) + 3 * 8 + 1024;
+// Whether the warp-specialised layout (kWs, FlashBwdLayout::Specialised) is built: head dims
+// 80-128 (Q and dO by TMA), without the deterministic, prefix-LM or block-mask variants.
+template <int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
+constexpr bool bwd_ws_built() {
+  return WgmmaBwdTraits<kD>::kTmaQ && !kDeterministic && !kPrefix && !kBlockMask;
 }
 
-template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask>
-__global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask,
-                                                                   const __grid_constant__ CUtensorMap tq,
-                                                                   const __grid_constant__ CUtensorMap tdo) {
-  constexpr int kBc = 128, kThreads = 256, kBufs = 3;
+template <int kD, int kBr, bool kWs>
+constexpr size_t bwd_wgmma_smem_bytes() {
+  // K, V; kBufs x (Q, dO); 2 x dS^T; kWs: 2 x the f32 dQ tile; kBufs x (lse2, delta); the
+  // mbarriers; 1 KiB for the 1024-byte alignment.
+  constexpr int kDs = kernel_smem_dim(kD), kBufs = kWs ? 2 : 3;
+  return static_cast<size_t>(2 * 128 * kDs + 2 * kBufs * kBr * kDs + 2 * 128 * kBr) * 2 +
+         (kWs ? 2 * kBr * kDs * sizeof(float) : 0) + 2 * kBufs * kBr * sizeof(float) + 8 * 8 + 1024;
+}
+
+template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask, bool kWs>
+__global__ void __launch_bounds__(kWs ? 384 : 256, 1)
+    flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask, const __grid_constant__ CUtensorMap tq,
+                           const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tdq) {
+  static_assert(!kWs || bwd_ws_built<kD, kDeterministic, kPrefix, kBlockMask>(), "layout not built");
+  constexpr int kBc = 128, kThreads = 256, kBufs = kWs ? 2 : 3;  // kThreads: the consumer threads
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
                                             // are dropped by reduce_dq)
@@ -78,13 +89,23 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   const uint32_t sQ0 = sV + kKVBytes;            // kBufs x [kDs/64][kBr][64]
   const uint32_t sdO0 = sQ0 + kBufs * kQBytes;   // kBufs x [kDs/64][kBr][64]
   const uint32_t sdS0 = sdO0 + kBufs * kQBytes;  // 2 x [kBr/64][kBc][64]: dS^T [key][query]
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + 2 * kSBytes - raw));  // kBufs x [kBr]
+  constexpr uint32_t kDqBytes = kBr * kDs * 4;
+  const uint32_t sdQ0 = sdS0 + 2 * kSBytes;      // kWs: 2 x [kDs/32][kBr][32] f32, 128-byte swizzle
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdQ0 + (kWs ? 2 * kDqBytes : 0) - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
   constexpr bool kBwdTmaQ = WgmmaBwdTraits<kD>::kTmaQ;
-  const uint32_t bars = smem_u32(sDelta + kBufs * kBr);  // kBwdTmaQ: "Q and dO of buffer b landed"
+  // kBwdTmaQ: full(b) "Q and dO (kWs: and lse2, delta) of buffer b landed"; kWs: empty(b) "every
+  // consumer warp is done with buffer b", dq_full(b) "the dQ tile b is written", dq_empty(b) "dQ tile
+  // b was read by its reduction".
+  const uint32_t bars = smem_u32(sDelta + kBufs * kBr);
+  auto full = [&](int b) { return bars + 8 * b; };
+  auto empty = [&](int b) { return bars + 8 * (2 + b); };
+  auto dq_full = [&](int b) { return bars + 8 * (4 + b); };
+  auto dq_empty = [&](int b) { return bars + 8 * (6 + b); };
 
   const FlashAttentionParams& p = a.p;
-  const int tid = threadIdx.x, wg = tid / 128, wwarp = (tid % 128) / 32, lane = tid % 32;
+  const int tid = kWs ? static_cast<int>(threadIdx.x) - 128 : static_cast<int>(threadIdx.x);  // consumer index
+  const int wg = tid / 128, wwarp = (tid % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
@@ -92,13 +113,66 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   if (n0 >= len_k) return;
   const int D = p.head_dim;
   if constexpr (kBwdTmaQ) {
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       prefetch_tma_map(&tq);
       prefetch_tma_map(&tdo);
-      for (int b = 0; b < kBufs; ++b) mbar_init(bars + 8 * b, 1);
+      if constexpr (kWs) prefetch_tma_map(&tdq);
+      for (int b = 0; b < kBufs; ++b) {
+        mbar_init(full(b), kWs ? 32 : 1);
+        if constexpr (kWs) {
+          mbar_init(empty(b), 8);
+          mbar_init(dq_full(b), kThreads);
+          mbar_init(dq_empty(b), 1);
+        }
+      }
       fence_mbarrier_init();
     }
     __syncthreads();
+  }
+  const int mask_base = kBlockMask ? mask.k_ptr[n_block] : 0;  // the key block's first list entry
+  auto tile_head = [&](int it) { return hk * group + it / tiles_per_head; };
+  auto tile_m0 = [&](int it) {
+    if constexpr (kBlockMask) return bwd_mask_tile_m0<kBr>(mask, mask_base, it % tiles_per_head);
+    return (m_begin + it % tiles_per_head) * kBr;
+  };
+  if constexpr (kWs) {
+    if (threadIdx.x < 128) {  // producer warpgroup: warp 0 loads, warp 1 reduces dQ, the others leave
+      setmaxnreg_dec<24>();
+      const int warp = threadIdx.x / 32;
+      if (warp == 0) {
+        for (int it = 0; it < n_iter; ++it) {
+          const int buf = it % kBufs, h = tile_head(it), m0 = tile_m0(it);
+          if (it >= kBufs) mbar_wait<kWs>(empty(buf), static_cast<uint32_t>((it / kBufs - 1) & 1));
+          for (int i = lane; i < 2 * kBr; i += 32) {
+            const int r = i % kBr;
+            const bool ok = m0 + r < len_q;
+            const int64_t idx = static_cast<int64_t>(h) * a.total_q + q_start + m0 + (ok ? r : 0);
+            const float x = ok ? (i < kBr ? a.lse2 : a.delta)[idx] : 0.f;
+            (i < kBr ? sLse : sDelta)[buf * kBr + r] = x;
+          }
+          if (lane == 0) {
+            mbar_arrive_expect_tx(full(buf), 2 * kQBytes);
+            tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, full(buf), h, q_start + m0);
+            tma_load_tile<kBr, kDs>(sdO0 + buf * kQBytes, &tdo, full(buf), h, q_start + m0);
+          } else {
+            mbar_arrive(full(buf));
+          }
+        }
+      } else if (threadIdx.x == 32) {
+        for (int it = 0; it < n_iter; ++it) {
+          const int b = it & 1, h = tile_head(it), m0 = tile_m0(it);
+          mbar_wait<kWs>(dq_full(b), static_cast<uint32_t>((it >> 1) & 1));
+          for (int box = 0; box * 32 < p.head_dim; ++box)
+            tma_reduce_add_3d(&tdq, sdQ0 + b * kDqBytes + box * (kBr * 128), box * 32, h, q_start + m0);
+          tma_commit();
+          tma_wait_read<0>();
+          mbar_arrive(dq_empty(b));
+        }
+        tma_wait<0>();
+      }
+      return;
+    }
+    setmaxnreg_inc<240>();
   }
 
   const T* q = static_cast<const T*>(p.q);
@@ -112,12 +186,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, len_k - n0, D, tid);
   load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, len_k - n0, D, tid);
 
-  const int mask_base = kBlockMask ? mask.k_ptr[n_block] : 0;  // the key block's first list entry
-  auto tile_head = [&](int it) { return hk * group + it / tiles_per_head; };
-  auto tile_m0 = [&](int it) {
-    if constexpr (kBlockMask) return bwd_mask_tile_m0<kBr>(mask, mask_base, it % tiles_per_head);
-    return (m_begin + it % tiles_per_head) * kBr;
-  };
   // Block mask: the kind of tile it's list entry (-1 FULL, else the index of its bits).
   auto tile_kind = [&](int it) {
     if constexpr (kBlockMask) return mask.k_kind[bwd_mask_entry<kBr>(mask_base, it % tiles_per_head)];
@@ -127,9 +195,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     const int h = tile_head(it), m0 = tile_m0(it), buf = it % kBufs;
     if constexpr (kBwdTmaQ) {
       if (tid == 0) {
-        mbar_arrive_expect_tx(bars + 8 * buf, 2 * kQBytes);
-        tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, bars + 8 * buf, h, q_start + m0);
-        tma_load_tile<kBr, kDs>(sdO0 + buf * kQBytes, &tdo, bars + 8 * buf, h, q_start + m0);
+        mbar_arrive_expect_tx(full(buf), 2 * kQBytes);
+        tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, full(buf), h, q_start + m0);
+        tma_load_tile<kBr, kDs>(sdO0 + buf * kQBytes, &tdo, full(buf), h, q_start + m0);
       }
     } else {
       const int64_t qo = (static_cast<int64_t>(q_start + m0) * p.num_heads_q + h) * D;
@@ -145,7 +213,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
       cp_async_4(smem_u32(dst), src, ok);
     }
   };
-  if (n_iter > 0) prefetch(0);
+  if (!kWs && n_iter > 0) prefetch(0);
   cp_async_commit();
 
   float dv[kNd], dk[kNd], dq[32];
@@ -190,7 +258,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   // P^T = exp2(S^T * sl2 - lse2) in place in s; masked tiles (per warpgroup) take the checked copy.
   // kEarlyLse (head dim 128): lse2 read into registers before the S^T wait (16 more live
   // registers; at head dim 64 that spills, so it reads lse2 inside the loop below).
-  constexpr bool kEarlyLse = kBr == 64;
+  constexpr bool kEarlyLse = kBr == 64 && !kWs;
   auto load_lse = [&](int buf, float2 (&l)[kBr / 8]) {
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
@@ -292,6 +360,25 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     }
   };
 
+  // kWs: this thread's dQ accumulator into the f32 tile b (the layout of tma_reduce_add_3d's boxes:
+  // 32-column slabs of 128-byte rows, chunk ^ row % 8), then "written" for the reducing warp.
+  auto store_dq = [&](int b) {
+    const int row = (kBr == 128 ? wg * 64 : 0) + key_lo;  // rows row, row + 8; row % 8 == g
+    const int col0 = kDs == 128 ? wg * 64 : 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int col = col0 + 8 * j + 2 * c;
+        const uint32_t o = (col / 32) * (kBr * 128) + (row + 8 * r) * 128 + ((((col % 32) / 4) ^ g) << 4) + (c & 1) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sdQ0 + b * kDqBytes + o), "f"(dq[4 * j + 2 * r]),
+                     "f"(dq[4 * j + 2 * r + 1])
+                     : "memory");
+      }
+    fence_proxy_async();
+    mbar_arrive(dq_full(b));
+  };
+
   // Deterministic mode: the counter of tile it ([Hq, total_q] at the tile's first row).
   auto dq_order_flag = [&](int it) {
     return a.dq_order + static_cast<int64_t>(tile_head(it)) * a.total_q + q_start + tile_m0(it);
@@ -300,12 +387,16 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   if (n_iter > 0) {
     cp_async_wait<0>();
     fence_proxy_async();
-    __syncthreads();  // K, V and tile 0 visible
+    if constexpr (kWs) named_bar_sync(3, kThreads);  // K, V visible to both consumer warpgroups
+    else __syncthreads();                           // K, V and tile 0 visible
   }
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kBufs;
     if constexpr (kBwdTmaQ) {
-      mbar_wait(bars + 8 * buf, static_cast<uint32_t>((it / kBufs) & 1));
+      mbar_wait<kWs>(full(buf), static_cast<uint32_t>((it / kBufs) & 1));
+      if constexpr (kWs) {  // dQ tile it & 1 was last reduced for tile it - 2
+        if (it >= 2) mbar_wait<kWs>(dq_empty(it & 1), static_cast<uint32_t>(((it >> 1) - 1) & 1));
+      }
       const int valid = len_q - tile_m0(it);
       if (valid < kBr) {  // block-uniform: rows past the document hold another one's Q/dO -> zeros
         zero_tile_rows<kBr, kDs>(sQ0 + buf * kQBytes, valid, tid, kThreads);
@@ -318,7 +409,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     // The next tile's copies (their address arithmetic runs while the GEMMs do): buffer
     // (it + 1) % 3 was last read by tile it - 2, finished in both warpgroups before the barrier
     // of tile it - 1 that this thread passed.
-    if (it + 1 < n_iter) prefetch(it + 1);
+    if (!kWs && it + 1 < n_iter) prefetch(it + 1);
     cp_async_commit();
     float2 lse[kBr / 8];
     if constexpr (kEarlyLse) load_lse(buf, lse);
@@ -340,10 +431,14 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
     issue_dk(buf);
     wgmma_wait<1>();  // dV, dQ done; dK runs while dQ is reduced (FA2's order)
     fence_regs(dq);
-    reduce_dq(it);
+    if constexpr (kWs) store_dq(it & 1);
+    else reduce_dq(it);
     wgmma_wait<0>();
     fence_regs(pa);
     fence_regs(da);
+    if constexpr (kWs) {
+      if (lane == 0) mbar_arrive(empty(buf));
+    }
     if constexpr (kDeterministic) {  // every thread's tile it - 1 reductions preceded this tile's barrier
       if (tid == 0 && it > 0) release_counter_inc(dq_order_flag(it - 1));
     }
@@ -377,21 +472,32 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_wgmma_kernel(const BwdArgs a
   }
 }
 
-template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
-void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
+template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask, bool kWs>
+void launch_bwd_wgmma_layout(const BwdArgs& a, cudaStream_t stream) {
   static_assert(!kBlockMask || (!kDeterministic && !kPrefix), "the block mask is built alone");
   using Tr = WgmmaBwdTraits<kD>;
-  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr>();
-  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask>;
+  constexpr size_t smem = bwd_wgmma_smem_bytes<kD, Tr::kBr, kWs>();
+  auto kernel = flash_bwd_wgmma_kernel<T, kD, Tr::kBr, kDeterministic, kPrefix, kBlockMask, kWs>;
   KESTREL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const FlashBlockMask mask = kBlockMask ? *a.p.block_mask : FlashBlockMask{};
-  CUtensorMap tq{}, tdo{};
+  CUtensorMap tq{}, tdo{}, tdq{};
   if constexpr (Tr::kTmaQ) {
     tq = make_tma_map_3d(a.p.q, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
     tdo = make_tma_map_3d(a.dout, a.p.dtype, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
   }
-  kernel<<<bwd_grid(a.p, Tr::kBc), 256, smem, stream>>>(a, mask, tq, tdo);
+  if constexpr (kWs) tdq = make_tma_map_3d_f32(a.dq_accum, a.p.total_q, a.p.num_heads_q, a.p.head_dim, Tr::kBr);
+  kernel<<<bwd_grid(a.p, Tr::kBc), kWs ? 384 : 256, smem, stream>>>(a, mask, tq, tdo, tdq);
   KESTREL_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
+void launch_bwd_wgmma(const BwdArgs& a, bool specialised, cudaStream_t stream) {
+  if constexpr (bwd_ws_built<kD, kDeterministic, kPrefix, kBlockMask>()) {
+    if (specialised) return launch_bwd_wgmma_layout<T, kD, kDeterministic, kPrefix, kBlockMask, true>(a, stream);
+  }
+  KESTREL_CHECK(!specialised, "flash_attention", "no warp-specialised backward at kernel head dim ", kD,
+                kDeterministic ? ", deterministic" : "", kPrefix ? ", prefix-LM" : "", kBlockMask ? ", block mask" : "");
+  launch_bwd_wgmma_layout<T, kD, kDeterministic, kPrefix, kBlockMask, false>(a, stream);
 }
 
 }  // namespace kestrel::cuda::fa

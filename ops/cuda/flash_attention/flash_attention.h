@@ -36,6 +36,17 @@ enum class AttnDType { BF16, F16 };
 //            head dim zero-padded to 256 (the path of head dims above 128 today).
 enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 
+// Layout of the Hopper backward where both are built (kernel head dims 80-128; not deterministic,
+// no prefix-LM or block mask). Auto: choose_kernel's rule, Specialised for causal masks (where it
+// measured faster) and Plain otherwise. The explicit values exist for tests and A/B runs;
+// Specialised throws where it is not built.
+//   Plain:       two warpgroups, each issuing its share of the loads and its dQ reductions
+//                (red.global.add) between its GEMMs.
+//   Specialised: the same two warpgroups as consumers (240 registers) and a producer warpgroup
+//                whose first warp loads Q, dO (TMA), lse2 and delta into a two-deep ring and whose
+//                second reduces each dQ tile into the workspace by TMA bulk reductions.
+enum class FlashBwdLayout : uint8_t { Auto, Plain, Specialised };
+
 // Block-sparse 2-D mask over one document (kestrel::BlockMask in kestrel/ops/attention.h, on the
 // device): 128 x 128 tiles; per query block a sorted list of key blocks (q_ptr / q_kblock), each
 // FULL (kind -1) or PARTIAL (kind = index p of bits[p]: [128 query rows][4 words], bit = key
@@ -87,6 +98,8 @@ struct FlashAttentionParams {
   // Backward only: add the key blocks' dq partials in a fixed order (bitwise-reproducible dq).
   // Implemented by the Hopper backward (head dims up to 128); refused on the mma.sync path.
   bool deterministic = false;
+  // Backward only (one byte beside `deterministic`: the kernels' parameter block keeps its size).
+  FlashBwdLayout bwd_layout = FlashBwdLayout::Auto;
   // Block-sparse 2-D mask (non-null = on): causal false, no window / prefix, one
   // document (num_docs 1, max_seqlen_q/k = total_q/k). The Hopper kernels only (head dims 64 and 128
   // and those padded to them), not deterministic. The forward visits only its query block's listed

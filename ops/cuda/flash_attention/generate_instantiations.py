@@ -40,11 +40,11 @@ def instantiations():
                     suffix = ("_det" if det else "") + ("_prefix" if prefix else "")
                     what = (", deterministic dq order" if det else "") + (", prefix-LM mask" if prefix else "")
                     yield (f"bwd_wgmma_{dt}_d{d}{suffix}", "bwd_wgmma_kernel.cuh",
-                           f"template void launch_bwd_wgmma<{T}, {d}, {cpp(det)}, {cpp(prefix)}>(const BwdArgs&, cudaStream_t);",
+                           f"template void launch_bwd_wgmma<{T}, {d}, {cpp(det)}, {cpp(prefix)}>(const BwdArgs&, bool, cudaStream_t);",
                            f"Hopper wgmma backward, {dt}, head dim {d}{what}")
         for d in WIDE:
             yield (f"bwd_wgmma_{dt}_d{d}_blockmask", "bwd_wgmma_kernel.cuh",
-                   f"template void launch_bwd_wgmma<{T}, {d}, false, false, true>(const BwdArgs&, cudaStream_t);",
+                   f"template void launch_bwd_wgmma<{T}, {d}, false, false, true>(const BwdArgs&, bool, cudaStream_t);",
                    f"Hopper wgmma backward, {dt}, head dim {d}, block-sparse mask")
         yield (f"bwd_mma_{dt}", "bwd_mma_kernel.cuh",
                f"template void launch_bwd_mma<{T}>(const BwdArgs&, cudaStream_t);",

@@ -115,6 +115,18 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                 "deterministic backward is implemented by the Hopper kernel (sm_90, head_dim <= 128); head_dim ",
                 p.head_dim, " on sm_", dev.cc_major, dev.cc_minor, " runs the mma.sync kernel, which adds dq in "
                 "arrival order");
+  if (backward) {  // the specialised layout is built at the 128-column widths, plain variant only
+    const bool built = k == FlashKernel::Hopper && c.kernel_head_dim >= 80 && !p.deterministic && !p.prefix_len &&
+                       !p.block_mask;
+    KESTREL_CHECK(p.bwd_layout != FlashBwdLayout::Specialised || built, "flash_attention",
+                  "bwd_layout Specialised is built for the Hopper backward at kernel head dims 80-128 without "
+                  "deterministic, prefix-LM or block mask; this call runs ",
+                  k == FlashKernel::Hopper ? "the Hopper kernel" : "the mma.sync kernel", " at kernel head dim ",
+                  c.kernel_head_dim, p.deterministic ? ", deterministic" : "", p.prefix_len ? ", prefix-LM" : "",
+                  p.block_mask ? ", block mask" : "", "; use Auto or Plain");
+    c.bwd_specialised = built && (p.bwd_layout == FlashBwdLayout::Specialised ||
+                                  (p.bwd_layout == FlashBwdLayout::Auto && p.causal));
+  }
   announce_padding(p.head_dim, c.kernel_head_dim);
   return c;
 }

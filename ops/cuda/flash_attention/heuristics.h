@@ -20,6 +20,7 @@ DeviceProps current_device_props();
 struct KernelChoice {
   FlashKernel kernel;
   int kernel_head_dim;
+  bool bwd_specialised = false;  // backward: FlashBwdLayout::Specialised (bwd_wgmma_kernel.cuh)
 };
 // The Hopper kernels' head dim for p: 64 for head_dim <= 64 (padded); in (64, 128) head_dim rounded
 // up to 16 (the narrow kernels 80/96/112, traits.h), except 128 for 120, for the prefix-LM and block

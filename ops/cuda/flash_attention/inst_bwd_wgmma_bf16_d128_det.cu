@@ -2,5 +2,5 @@
 #include "cuda/flash_attention/bwd_wgmma_kernel.cuh"
 
 namespace kestrel::cuda::fa {
-template void launch_bwd_wgmma<__nv_bfloat16, 128, true, false>(const BwdArgs&, cudaStream_t);
+template void launch_bwd_wgmma<__nv_bfloat16, 128, true, false>(const BwdArgs&, bool, cudaStream_t);
 }  // namespace kestrel::cuda::fa

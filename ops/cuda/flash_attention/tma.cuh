@@ -20,6 +20,12 @@ namespace kestrel::cuda::fa {
 // Throws kestrel::Error "[flash_attention] ..." if the driver rejects it.
 CUtensorMap make_tma_map_3d(const void* base, AttnDType dtype, int tokens, int heads, int dim, int box_rows);
 
+// The same for a [tokens, heads, dim] f32 tensor (the backward's dq accumulator): boxes of 32
+// columns (128 B, the swizzle span) x 1 head x box_rows tokens, written by bulk reductions
+// (tma_reduce_add_3d); a D-column tile takes ceil(D/32) boxes, and columns or tokens past the
+// tensor's end are dropped.
+CUtensorMap make_tma_map_3d_f32(float* base, int tokens, int heads, int dim, int box_rows);
+
 #if defined(__CUDACC__)
 // Arrives on `bar` (one arrival) and raises its expected transaction bytes by `bytes`.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
@@ -48,6 +54,27 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
                                               int token) {
 #pragma unroll
   for (int slab = 0; slab < kD / 64; ++slab) tma_load_3d(dst + slab * (kRows * 128), map, bar, slab * 64, head, token);
+}
+
+// Adds the f32 box at shared `src` element-wise into box (col, head, token) of `map` in global
+// memory (an L2 reduction per element; this thread's bulk group: tma_commit / tma_wait_read).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int col, int head, int token) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(col), "r"(head), "r"(token), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups still read their shared source.
+template <int N>
+__device__ __forceinline__ void tma_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N of this thread's bulk groups are still incomplete (their writes included).
+template <int N>
+__device__ __forceinline__ void tma_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {

@@ -95,8 +95,9 @@ template <typename T, int kD, bool kPrefix, bool kBlockMask = false>  // kD 64, 
 void launch_fwd_tma(const FlashAttentionParams& p, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_fwd_mma(const FlashAttentionParams& p, cudaStream_t stream);
+// specialised: FlashBwdLayout::Specialised (KernelChoice::bwd_specialised; only where bwd_ws_built).
 template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask = false>  // kD as launch_fwd_tma
-void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_wgmma(const BwdArgs& a, bool specialised, cudaStream_t stream);
 template <typename T>  // head dim 256 (smaller head dims zero-padded)
 void launch_bwd_mma(const BwdArgs& a, cudaStream_t stream);
 

@@ -52,7 +52,12 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 // Waits (acquire) until the phase with the given parity has completed. A wait that never ends is
-// a bug (a phase miscount): trap after ~2^22 polls so it fails as a launch error, not a hang.
+// a bug (a phase miscount): fail after ~2^22 polls so it is a launch error, not a hang: by trap,
+// or with kNoTrap by a store to address 0 (an illegal-address error). A kernel that contains a
+// trap gets no registers from setmaxnreg.inc: ptxas allocates it at the launch bound (168 at 384
+// threads; C7512, wgmma serialised, spills; CUDA 13.0), so the backward's warp-specialised
+// kernel, whose consumers need ~240, waits with kNoTrap.
+template <bool kNoTrap = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   for (uint32_t tries = 0;; ++tries) {
     uint32_t done;
@@ -62,7 +67,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
     if (done) return;
-    if (tries > (1u << 22)) __trap();
+    if (tries > (1u << 22)) {
+      if constexpr (kNoTrap) asm volatile("st.global.u32 [%0], %1;\n" ::"l"(uint64_t{0}), "r"(1u) : "memory");
+      else __trap();
+    }
   }
 }
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {

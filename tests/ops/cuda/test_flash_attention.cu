@@ -33,6 +33,7 @@ namespace {
 using kestrel::cuda::AttnDType;
 using kestrel::cuda::FlashAttentionBackwardParams;
 using kestrel::cuda::FlashAttentionParams;
+using kestrel::cuda::FlashBwdLayout;
 using kestrel::cuda::FlashKernel;
 
 struct Case {
@@ -355,6 +356,7 @@ struct RunOptions {
   FlashKernel kernel = FlashKernel::Auto;
   bool deterministic = false;
   int window = 0;
+  FlashBwdLayout bwd_layout = FlashBwdLayout::Auto;
 };
 RunOptions g_run;
 struct RunOptionsScope {
@@ -408,6 +410,7 @@ Result run_flash(const Problem& pr) {
   p.kernel = g_run.kernel;
   p.deterministic = g_run.deterministic;
   p.window = g_run.window;
+  p.bwd_layout = g_run.bwd_layout;
   kestrel::cuda::flash_attention_forward(p, nullptr);
   const size_t ws_bytes = kestrel::cuda::flash_attention_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> ws(ws_bytes);
@@ -544,6 +547,67 @@ TEST(FlashAttentionCuda, WgmmaBackwardShapes) {
   const Result a = run_flash(pr), b = run_flash(pr);
   EXPECT_EQ(a.dk, b.dk);
   EXPECT_EQ(a.dv, b.dv);
+}
+
+// Both layouts of the Hopper backward (FlashBwdLayout: Plain, and Specialised with its producer
+// warpgroup, two-deep Q/dO ring and dQ by TMA bulk reductions) on every mask they serve: causal
+// and bidirectional (windows: test_flash_attention_window.cpp, whose causal cases take
+// Specialised under Auto), packs with length-1 documents and documents that
+// end inside a query tile (the rows past a document add exact zeros to the next one's dq),
+// len_q != len_k, GQA, head dims 128 and the narrow 72 -> 80 / 112, bf16 and f16.
+TEST(FlashAttentionCuda, BackwardLayoutsMatch) {
+  KESTREL_REQUIRE_GPU();
+  uint32_t seed = 1500;
+  for (FlashBwdLayout layout : {FlashBwdLayout::Plain, FlashBwdLayout::Specialised}) {
+    RunOptionsScope scope({FlashKernel::Hopper, false, 0, layout});
+    std::printf("[flash] bwd_layout=%s\n", layout == FlashBwdLayout::Plain ? "plain" : "specialised");
+    for (bool causal : {true, false}) {
+      run_case(Case{{1, 17, 130, 1, 257}, {1, 17, 130, 1, 257}, 8, 2, 128, causal, BF}, true, seed++);
+      run_case(Case{{3, 200, 1, 129}, {150, 7, 300, 129}, 4, 1, 112, causal, F16}, true, seed++);
+      run_case(single(385, 2, 2, 72, causal, BF), true, seed++, 3.f);
+      run_case(Case{{1000, 1, 4097, 17, 1}, {1000, 1, 4097, 17, 1}, 8, 2, 128, causal, BF}, false, seed++);
+    }
+  }
+}
+
+// The backward layout rule (choose_kernel): Specialised for causal masks where it is built, Plain
+// otherwise; an explicit Specialised where it is not built is refused with the reason.
+TEST(FlashAttentionCuda, BackwardLayoutChoice) {
+  using kestrel::cuda::fa::choose_kernel;
+  using kestrel::cuda::fa::DeviceProps;
+  const DeviceProps h100{9, 0, 132}, a100{8, 0, 108};
+  FlashAttentionParams p{};
+  p.head_dim = 128;
+  p.causal = true;
+  auto ws = [&] { return choose_kernel(p, h100, /*backward=*/true).bwd_specialised; };
+  EXPECT_TRUE(ws());
+  EXPECT_FALSE(choose_kernel(p, h100, /*backward=*/false).bwd_specialised);
+  p.head_dim = 72;  // narrow 80
+  EXPECT_TRUE(ws());
+  p.head_dim = 64;  // the 64-column kernels load Q/dO by cp.async: plain only
+  EXPECT_FALSE(ws());
+  p.bwd_layout = FlashBwdLayout::Specialised;
+  EXPECT_THROW(ws(), kestrel::Error);
+  p.head_dim = 128;
+  p.deterministic = true;
+  EXPECT_THROW(ws(), kestrel::Error);
+  p.bwd_layout = FlashBwdLayout::Auto;
+  EXPECT_FALSE(ws());
+  p.deterministic = false;
+  p.causal = false;
+  EXPECT_FALSE(ws());
+  p.bwd_layout = FlashBwdLayout::Specialised;
+  EXPECT_TRUE(ws());
+  p.causal = true;
+  p.bwd_layout = FlashBwdLayout::Plain;
+  EXPECT_FALSE(ws());
+  p.bwd_layout = FlashBwdLayout::Specialised;
+  try {
+    choose_kernel(p, a100, /*backward=*/true);
+    ADD_FAILURE() << "expected kestrel::Error";
+  } catch (const kestrel::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bwd_layout Specialised"), std::string::npos) << e.what();
+  }
 }
 
 // Edge cases of the wgmma forward's tiles (128 query rows at head dim 128, 192 at 64; 128-key
