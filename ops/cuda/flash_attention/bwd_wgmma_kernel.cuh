@@ -25,6 +25,15 @@
 // also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's
 // reductions issued while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
+// kWs (FlashBwdLayout::Specialised, causal masks at 128-column tiles; bwd_ws_built): 384 threads,
+// the first warpgroup a producer (setmaxnreg 24) and the two above consumers (240) that neither
+// load nor reduce. The producer's warp 0 fills a two-deep ring: lse2 and delta by its lanes, Q and
+// dO by TMA, on a "full" mbarrier (32 arrivals + the bytes) that the consumers' warps release on an
+// "empty" one after the tile's last GEMM; its warp 1 adds each dQ tile into the workspace with TMA
+// bulk tensor reductions (f32 map, 32-column 128-byte-swizzled boxes; the rows past a document add
+// exact zeros) from two shared f32 tiles the consumers fill in place of their red.global (dq_full /
+// dq_empty mbarriers). All its waits are mbar_wait<true> (a trap in the kernel would cost the
+// consumers their setmaxnreg registers).
 // kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
 // order. Thread 0 waits, before the tile's exchange barrier, until the tile's counter (a.dq_order,
 // at the tile's first row) says that every earlier key block visiting the tile has added its part
