@@ -265,8 +265,9 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   };
 
   // P^T = exp2(S^T * sl2 - lse2) in place in s; masked tiles (per warpgroup) take the checked copy.
-  // kEarlyLse (head dim 128): lse2 read into registers before the S^T wait (16 more live
-  // registers; at head dim 64 that spills, so it reads lse2 inside the loop below).
+  // kEarlyLse (head dim 128, plain layout): lse2 read into registers before the S^T wait (16 more
+  // live registers; at head dim 64 that spills, so does the specialised layout's 240-register
+  // budget, and both read lse2 inside the loop below).
   constexpr bool kEarlyLse = kBr == 64 && !kWs;
   auto load_lse = [&](int buf, float2 (&l)[kBr / 8]) {
 #pragma unroll
