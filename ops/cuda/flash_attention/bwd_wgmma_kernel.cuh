@@ -60,13 +60,6 @@
 
 namespace kestrel::cuda::fa {
 
-// Whether the warp-specialised layout (kWs, FlashBwdLayout::Specialised) is built: head dims
-// 80-128 (Q and dO by TMA), without the deterministic, prefix-LM or block-mask variants.
-template <int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
-constexpr bool bwd_ws_built() {
-  return WgmmaBwdTraits<kD>::kTmaQ && !kDeterministic && !kPrefix && !kBlockMask;
-}
-
 template <int kD, int kBr, bool kWs>
 constexpr size_t bwd_wgmma_smem_bytes() {
   // K, V; kBufs x (Q, dO); 2 x dS^T; kWs: 2 x the f32 dQ tile; kBufs x (lse2, delta); the
@@ -80,7 +73,7 @@ template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool k
 __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
     flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask, const __grid_constant__ CUtensorMap tq,
                            const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tdq) {
-  static_assert(!kWs || bwd_ws_built<kD, kDeterministic, kPrefix, kBlockMask>(), "layout not built");
+  static_assert(!kWs || bwd_ws_built(kD, kDeterministic, kPrefix, kBlockMask), "layout not built");
   constexpr int kBc = 128, kThreads = 256, kBufs = kWs ? 2 : 3;  // kThreads: the consumer threads
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
@@ -502,7 +495,7 @@ void launch_bwd_wgmma_layout(const BwdArgs& a, cudaStream_t stream) {
 
 template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
 void launch_bwd_wgmma(const BwdArgs& a, bool specialised, cudaStream_t stream) {
-  if constexpr (bwd_ws_built<kD, kDeterministic, kPrefix, kBlockMask>()) {
+  if constexpr (bwd_ws_built(kD, kDeterministic, kPrefix, kBlockMask)) {
     if (specialised) return launch_bwd_wgmma_layout<T, kD, kDeterministic, kPrefix, kBlockMask, true>(a, stream);
   }
   KESTREL_CHECK(!specialised, "flash_attention", "no warp-specialised backward at kernel head dim ", kD,

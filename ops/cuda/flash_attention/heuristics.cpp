@@ -115,9 +115,9 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                 "deterministic backward is implemented by the Hopper kernel (sm_90, head_dim <= 128); head_dim ",
                 p.head_dim, " on sm_", dev.cc_major, dev.cc_minor, " runs the mma.sync kernel, which adds dq in "
                 "arrival order");
-  if (backward) {  // the specialised layout is built at the 128-column widths, plain variant only
-    const bool built = k == FlashKernel::Hopper && c.kernel_head_dim >= 80 && !p.deterministic && !p.prefix_len &&
-                       !p.block_mask;
+  if (backward) {
+    const bool built = k == FlashKernel::Hopper &&
+                       bwd_ws_built(c.kernel_head_dim, p.deterministic, p.prefix_len != nullptr, p.block_mask != nullptr);
     KESTREL_CHECK(p.bwd_layout != FlashBwdLayout::Specialised || built, "flash_attention",
                   "bwd_layout Specialised is built for the Hopper backward at kernel head dims 80-128 without "
                   "deterministic, prefix-LM or block mask; this call runs ",
