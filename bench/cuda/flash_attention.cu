@@ -404,7 +404,7 @@ void deterministic_args(benchmark::internal::Benchmark* bm) {
 
 void bwd_layout_args(benchmark::internal::Benchmark* bm) {
   for (int causal : {1, 0})
-    for (int d : {72, 128})
+    for (int d : {72, 96, 112, 128})
       for (int t : {4096, 8192, 16384})
         for (int layout : {1, 2}) bm->Args({t, d, causal, layout});
   bm->ArgNames({"T", "D", "causal", "layout"});

@@ -25,7 +25,7 @@
 // also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's
 // reductions issued while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
-// kWs (FlashBwdLayout::Specialised, causal masks at 128-column tiles; bwd_ws_built): 384 threads,
+// kWs (FlashBwdLayout::Specialised, the 128-column tiles' plain variant; bwd_ws_built): 384 threads,
 // the first warpgroup a producer (setmaxnreg 24) and the two above consumers (240) that neither
 // load nor reduce. The producer's warp 0 fills a two-deep ring: lse2 and delta by its lanes, Q and
 // dO by TMA, on a "full" mbarrier (32 arrivals + the bytes) that the consumers' warps release on an
@@ -366,15 +366,18 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   // kWs: this thread's dQ accumulator into the f32 tile b (the layout of tma_reduce_add_3d's boxes:
   // 32-column slabs of 128-byte rows, chunk ^ row % 8), then "written" for the reducing warp.
   auto store_dq = [&](int b) {
+    // Column col0 + 8 j + 2 c lies in slab col0 / 32 + j / 4, chunk (2 (j % 4) + c / 2) ^ g of its row; as
+    // 2 (j % 4) is even that chunk is 2 (j % 4) ^ x with x = g ^ (c >> 1). One per-thread base and
+    // compile-time offsets: written per (j, r) the addresses cost the consumers 56 bytes of spills at D128.
     const int row = (kBr == 128 ? wg * 64 : 0) + key_lo;  // rows row, row + 8; row % 8 == g
-    const int col0 = kDs == 128 ? wg * 64 : 0;
+    const uint32_t base = sdQ0 + b * kDqBytes + (kDs == 128 ? wg * 2 * (kBr * 128) : 0) + row * 128 + (c & 1) * 8;
+    const uint32_t x = static_cast<uint32_t>(g ^ (c >> 1));
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int col = col0 + 8 * j + 2 * c;
-        const uint32_t o = (col / 32) * (kBr * 128) + (row + 8 * r) * 128 + ((((col % 32) / 4) ^ g) << 4) + (c & 1) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sdQ0 + b * kDqBytes + o), "f"(dq[4 * j + 2 * r]),
+        const uint32_t o = (j / 4) * (kBr * 128) + r * 1024 + ((2u * (j % 4) ^ x) << 4);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(base + o), "f"(dq[4 * j + 2 * r]),
                      "f"(dq[4 * j + 2 * r + 1])
                      : "memory");
       }

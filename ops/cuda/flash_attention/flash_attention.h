@@ -37,9 +37,9 @@ enum class AttnDType { BF16, F16 };
 enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 
 // Layout of the Hopper backward where both are built (kernel head dims 80-128; not deterministic,
-// no prefix-LM or block mask). Auto: choose_kernel's rule, Specialised for causal masks (where it
-// measured faster) and Plain otherwise. The explicit values exist for tests and A/B runs;
-// Specialised throws where it is not built.
+// no prefix-LM or block mask). Auto: choose_kernel's rule, Specialised wherever it is built (it
+// measured faster at every built head dim, causal or not). The explicit values exist for tests and A/B
+// runs; Specialised throws where it is not built.
 //   Plain:       two warpgroups, each issuing its share of the loads and its dQ reductions
 //                (red.global.add) between its GEMMs.
 //   Specialised: the same two warpgroups as consumers (240 registers) and a producer warpgroup

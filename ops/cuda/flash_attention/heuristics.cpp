@@ -124,8 +124,9 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                   k == FlashKernel::Hopper ? "the Hopper kernel" : "the mma.sync kernel", " at kernel head dim ",
                   c.kernel_head_dim, p.deterministic ? ", deterministic" : "", p.prefix_len ? ", prefix-LM" : "",
                   p.block_mask ? ", block mask" : "", "; use Auto or Plain");
-    c.bwd_specialised = built && (p.bwd_layout == FlashBwdLayout::Specialised ||
-                                  (p.bwd_layout == FlashBwdLayout::Auto && p.causal));
+    // Auto: wherever it is built; it measured faster at every built head dim, causal or not
+    // (bench/notes/flash_attention.md, fourteenth session).
+    c.bwd_specialised = built && p.bwd_layout != FlashBwdLayout::Plain;
   }
   announce_padding(p.head_dim, c.kernel_head_dim);
   return c;

@@ -570,8 +570,8 @@ TEST(FlashAttentionCuda, BackwardLayoutsMatch) {
   }
 }
 
-// The backward layout rule (choose_kernel): Specialised for causal masks where it is built, Plain
-// otherwise; an explicit Specialised where it is not built is refused with the reason.
+// The backward layout rule (choose_kernel): Specialised wherever it is built (causal or not), Plain
+// otherwise or when asked for; an explicit Specialised where it is not built is refused with the reason.
 TEST(FlashAttentionCuda, BackwardLayoutChoice) {
   using kestrel::cuda::fa::choose_kernel;
   using kestrel::cuda::fa::DeviceProps;
@@ -594,10 +594,15 @@ TEST(FlashAttentionCuda, BackwardLayoutChoice) {
   p.bwd_layout = FlashBwdLayout::Auto;
   EXPECT_FALSE(ws());
   p.deterministic = false;
-  p.causal = false;
+  p.causal = false;  // without a mask too
+  EXPECT_TRUE(ws());
+  p.head_dim = 96;
+  EXPECT_TRUE(ws());
+  p.bwd_layout = FlashBwdLayout::Plain;
   EXPECT_FALSE(ws());
   p.bwd_layout = FlashBwdLayout::Specialised;
   EXPECT_TRUE(ws());
+  p.head_dim = 128;
   p.causal = true;
   p.bwd_layout = FlashBwdLayout::Plain;
   EXPECT_FALSE(ws());
