@@ -14,6 +14,8 @@
 //   the listed tiles, PARTIAL ones fully (4 * tiles * 128 * 128 * D * H, x3.5 with the backward), so
 //   a kernel that skips unlisted tiles shows the dense kernel's TFLOP/s; mask=0 rows are the dense
 //   bidirectional kernel (4 * T * T * D * H) in the same run.
+// - BM_flash_attention_prefix_bwd_layout: the prefix rows at T 8192, D 128 (prefixes of 1024 and 4096
+//   keys), fwd+bwd, once per backward layout (FlashBwdLayout: 1 Plain, 2 Specialised).
 // Timed with CUDA events; the TFLOPs counter is what bench/attention_masked_vs_torch.py prints next to
 // PyTorch (flex attention for the prefix mask; the varlen and padded SDPA paths for packs).
 #include <algorithm>
@@ -65,6 +67,7 @@ struct Run {
   int prefix = 0;  // per document, 0 = plain causal
   bool causal = true;
   const kestrel::BlockMask* mask = nullptr;  // CPU tensors; one document, bidirectional
+  kestrel::cuda::FlashBwdLayout layout = kestrel::cuda::FlashBwdLayout::Auto;  // the backward's layout
 };
 
 // A random block mask of T x T tokens: tile pairs listed with probability `density`, FULL with
@@ -146,6 +149,7 @@ void bench(benchmark::State& state, const Run& run, int D, bool backward) {
                          docs,   max_len, max_len, kHeads, kHeads,   D,             1.f / std::sqrt(float(D)),
                          run.causal, AttnDType::BF16, tokens, tokens};
   p.prefix_len = d_prefix;
+  p.bwd_layout = run.layout;
   std::vector<void*> mask_buffers;
   kestrel::cuda::FlashBlockMask dmask;
   if (run.mask) {
@@ -188,7 +192,10 @@ void bench(benchmark::State& state, const Run& run, int D, bool backward) {
   state.counters["docs"] = docs;
   state.counters["max_len"] = max_len;
   const char* what = run.mask ? "block mask" : !run.causal ? "dense bidirectional" : run.prefix > 0 ? "prefix" : "varlen causal";
-  state.SetLabel(std::string(what) + (backward ? " fwd+bwd" : " fwd"));
+  state.SetLabel(std::string(what) + (backward ? " fwd+bwd" : " fwd") +
+                 (run.layout == kestrel::cuda::FlashBwdLayout::Plain         ? " plain"
+                  : run.layout == kestrel::cuda::FlashBwdLayout::Specialised ? " specialised"
+                                                                             : ""));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (void* ptr : {q, k, v, out, dout, dq, dk, dv, ws}) cudaFree(ptr);
@@ -221,6 +228,14 @@ void BM_flash_attention_blockmask(benchmark::State& state) {
   bench(state, run, static_cast<int>(state.range(1)), state.range(3) != 0);
 }
 
+// The two backward layouts on BM_flash_attention_prefix's rows, fwd+bwd (layout 1 Plain, 2 Specialised).
+void BM_flash_attention_prefix_bwd_layout(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0));
+  Run run{{T, T}, static_cast<int>(state.range(2))};
+  run.layout = static_cast<kestrel::cuda::FlashBwdLayout>(state.range(3));
+  bench(state, run, static_cast<int>(state.range(1)), true);
+}
+
 void blockmask_args(benchmark::internal::Benchmark* bm) {
   for (int bwd : {0, 1})
     for (int d : {64, 128})
@@ -245,6 +260,16 @@ void varlen_args(benchmark::internal::Benchmark* bm) {
 
 BENCHMARK(BM_flash_attention_prefix)->Apply(prefix_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 BENCHMARK(BM_flash_attention_blockmask)->Apply(blockmask_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+void prefix_layout_args(benchmark::internal::Benchmark* bm) {
+  for (int prefix : {1024, 4096})
+    for (int layout : {1, 2}) bm->Args({8192, 128, prefix, layout});
+  bm->ArgNames({"T", "D", "prefix", "layout"});
+}
+BENCHMARK(BM_flash_attention_prefix_bwd_layout)
+    ->Apply(prefix_layout_args)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2);
 BENCHMARK(BM_flash_attention_varlen)->Apply(varlen_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
 
 }  // namespace

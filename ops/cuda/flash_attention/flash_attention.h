@@ -36,8 +36,8 @@ enum class AttnDType { BF16, F16 };
 //            head dim zero-padded to 256 (the path of head dims above 128 today).
 enum class FlashKernel { Auto, Hopper, HopperPadded, MmaSync };
 
-// Layout of the Hopper backward where both are built (kernel head dims 80-128; not deterministic,
-// no prefix-LM or block mask). Auto: choose_kernel's rule, Specialised wherever it is built (it
+// Layout of the Hopper backward where both are built (kernel head dims 80-128, not deterministic,
+// no block mask; prefix-LM included). Auto: choose_kernel's rule, Specialised wherever it is built (it
 // measured faster at every built head dim, causal or not). The explicit values exist for tests and A/B
 // runs; Specialised throws where it is not built.
 //   Plain:       two warpgroups, each issuing its share of the loads and its dQ reductions

@@ -120,10 +120,10 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                        bwd_ws_built(c.kernel_head_dim, p.deterministic, p.prefix_len != nullptr, p.block_mask != nullptr);
     KESTREL_CHECK(p.bwd_layout != FlashBwdLayout::Specialised || built, "flash_attention",
                   "bwd_layout Specialised is built for the Hopper backward at kernel head dims 80-128 without "
-                  "deterministic, prefix-LM or block mask; this call runs ",
+                  "deterministic or a block mask; this call runs ",
                   k == FlashKernel::Hopper ? "the Hopper kernel" : "the mma.sync kernel", " at kernel head dim ",
-                  c.kernel_head_dim, p.deterministic ? ", deterministic" : "", p.prefix_len ? ", prefix-LM" : "",
-                  p.block_mask ? ", block mask" : "", "; use Auto or Plain");
+                  c.kernel_head_dim, p.deterministic ? ", deterministic" : "", p.block_mask ? ", block mask" : "",
+                  "; use Auto or Plain");
     // Auto: wherever it is built; it measured faster at every built head dim, causal or not
     // (bench/notes/flash_attention.md, fourteenth session).
     c.bwd_specialised = built && p.bwd_layout != FlashBwdLayout::Plain;

@@ -570,8 +570,8 @@ TEST(FlashAttentionCuda, BackwardLayoutsMatch) {
   }
 }
 
-// The backward layout rule (choose_kernel): Specialised wherever it is built (causal or not), Plain
-// otherwise or when asked for; an explicit Specialised where it is not built is refused with the reason.
+// The backward layout rule (choose_kernel): Specialised wherever it is built (causal or not,
+// prefix-LM; not deterministic or block masks), Plain otherwise or when asked for; an explicit Specialised where it is not built is refused with the reason.
 TEST(FlashAttentionCuda, BackwardLayoutChoice) {
   using kestrel::cuda::fa::choose_kernel;
   using kestrel::cuda::fa::DeviceProps;
@@ -596,6 +596,21 @@ TEST(FlashAttentionCuda, BackwardLayoutChoice) {
   p.deterministic = false;
   p.causal = false;  // without a mask too
   EXPECT_TRUE(ws());
+  kestrel::cuda::FlashBlockMask block_mask{};  // a block mask: Plain (Specialised refused)
+  p.block_mask = &block_mask;
+  EXPECT_FALSE(ws());
+  p.bwd_layout = FlashBwdLayout::Specialised;
+  EXPECT_THROW(ws(), kestrel::Error);
+  p.bwd_layout = FlashBwdLayout::Auto;
+  p.block_mask = nullptr;
+  const int32_t prefix_len[1] = {0};  // prefix-LM: Specialised (kernel head dim 128)
+  p.prefix_len = prefix_len;
+  p.causal = true;
+  EXPECT_TRUE(ws());
+  p.head_dim = 72;  // prefix-LM runs the 128 kernels (no narrow variant)
+  EXPECT_TRUE(ws());
+  p.prefix_len = nullptr;
+  p.causal = false;
   p.head_dim = 96;
   EXPECT_TRUE(ws());
   p.bwd_layout = FlashBwdLayout::Plain;
