@@ -25,8 +25,8 @@
 // also publishes the next tile's cp.async copies. GEMM order dV, (exchange), dQ, dK, with dQ's
 // reductions issued while dK runs. The variants measured on the way (sequential phases, a second barrier per tile,
 // copies before the GEMMs, dV issued before dS^T) are in bench/notes/flash_attention.md.
-// kWs (FlashBwdLayout::Specialised: 128-column tiles, no deterministic or block mask; bwd_ws_built): 384 threads,
-// the first warpgroup a producer (setmaxnreg 24) and the two above consumers (240) that neither
+// kWs (FlashBwdLayout::Specialised: 128-column tiles, not deterministic, no block mask; bwd_ws_built):
+// 384 threads, the first warpgroup a producer (setmaxnreg 24) and the two above consumers (240) that neither
 // load nor reduce. The producer's warp 0 fills a two-deep ring: lse2 and delta by its lanes, Q and
 // dO by TMA, on a "full" mbarrier (32 arrivals + the bytes) that the consumers' warps release on an
 // "empty" one after the tile's last GEMM; its warp 1 adds each dQ tile into the workspace with TMA

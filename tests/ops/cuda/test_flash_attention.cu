@@ -571,7 +571,8 @@ TEST(FlashAttentionCuda, BackwardLayoutsMatch) {
 }
 
 // The backward layout rule (choose_kernel): Specialised wherever it is built (causal or not,
-// prefix-LM; not deterministic or block masks), Plain otherwise or when asked for; an explicit Specialised where it is not built is refused with the reason.
+// prefix-LM; not deterministic or block masks), Plain otherwise or when asked for; an explicit
+// Specialised where it is not built is refused with the reason.
 TEST(FlashAttentionCuda, BackwardLayoutChoice) {
   using kestrel::cuda::fa::choose_kernel;
   using kestrel::cuda::fa::DeviceProps;
