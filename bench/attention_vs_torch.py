@@ -16,6 +16,7 @@ have their own arguments).
 import argparse
 import json
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +34,18 @@ def flops(t, d, causal, bwd, batch=None, heads=HEADS):
     return f * (3.5 if bwd else 1.0)
 
 
-def time_ms(fn, reps=20, warmup=5):
-    for _ in range(warmup):
+def time_ms(fn, reps=20, warmup=5, warmup_s=0.3):
+    """Median of reps event-timed calls, after at least `warmup` calls and `warmup_s` seconds of them:
+    the H200 holds 700 W under sustained load and runs faster for about a second after an idle gap, so
+    every row is timed at the cap, as bench_flash_attention's --benchmark_min_warmup_time=0.3 rows are
+    (bench/RESULTS.md, fourteenth session)."""
+    t0 = time.perf_counter()
+    n = 0
+    while n < warmup or time.perf_counter() - t0 < warmup_s:
         fn()
+        n += 1
+        if n % 4 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):

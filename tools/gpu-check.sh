@@ -47,7 +47,7 @@ if [ "$MODE" = full ] || [ "$MODE" = final ]; then
   step mem_plan_1b 60 "$B/kestrel-mem" plan --config configs/vlm_1b_8k.json
   step mem_profile_1b 120 "$B/kestrel-mem" profile --config configs/vlm_1b_8k.json --steps 2 --out "$OUT/mem_1b"
   # T=8192 rows only here; the full T sweep is bench/notes/flash_attention.md.
-  step bench_flash_attention 90 "$B/bench_flash_attention" --benchmark_filter='T:8192/' \
+  step bench_flash_attention 90 "$B/bench_flash_attention" --benchmark_filter='T:8192/' --benchmark_min_warmup_time=0.3 \
     --benchmark_out="$OUT/bench_fa.json" --benchmark_out_format=json
   step torch_attention 120 python3 bench/attention_vs_torch.py --quick --kestrel kestrel="$OUT/bench_fa.json"
   step bench_cuda_runtime 60 "$B/bench_cuda_runtime" "$OUT/alloc_trace.txt"

@@ -38,6 +38,7 @@ if [ "$MODE" != tests ]; then
   echo "== bench_flash_attention (D 72, padded A/B, so400m)"
   "$B/bench_flash_attention" \
     --benchmark_filter='BM_flash_attention/T:(1024|8192|16384)/D:(72|128)/|BM_flash_attention_padded|BM_flash_attention_so400m' \
+    --benchmark_min_warmup_time=0.3 \
     --benchmark_format=json --benchmark_out="$RESULTS/fa.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true 2>&1 | grep -E "^BM_|TFLOPs" | sed 's/ *manual_time//' | tail -n 40
   if python3 -c "import torch" 2>/dev/null; then
