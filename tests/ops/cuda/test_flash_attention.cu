@@ -551,8 +551,8 @@ TEST(FlashAttentionCuda, WgmmaBackwardShapes) {
 
 // Both layouts of the Hopper backward (FlashBwdLayout: Plain, and Specialised with its producer
 // warpgroup, two-deep Q/dO ring and dQ by TMA bulk reductions) on every mask they serve: causal
-// and bidirectional (windows: test_flash_attention_window.cpp, whose causal cases take
-// Specialised under Auto), packs with length-1 documents and documents that
+// and bidirectional (windows and prefix-LM: test_flash_attention_window.cpp and
+// test_flash_attention_prefix.cpp, whose cases take Specialised under Auto), packs with length-1 documents and documents that
 // end inside a query tile (the rows past a document add exact zeros to the next one's dq),
 // len_q != len_k, GQA, head dims 128 and the narrow 72 -> 80 / 112, bf16 and f16.
 TEST(FlashAttentionCuda, BackwardLayoutsMatch) {
