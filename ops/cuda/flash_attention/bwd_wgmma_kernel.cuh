@@ -12,7 +12,7 @@
 //   dS^T = P^T (dP^T - delta), both packed to 16-bit A fragments in registers;
 //   dV  += P^T dO   wgmma m64n{kD}k16, A from registers, dO [query][d] read MN-major;
 //   dK  += dS^T Q   same with Q;
-//   dS^T also goes to shared memory ([key][query] tile); after a barrier of both warpgroups,
+//   dS^T also goes to shared memory ([key][query] tile, stmatrix); after a barrier of both warpgroups,
 //   dQ[64 rows, 64 cols] = dS K   wgmma m64n64k16 with both operands MN-major (transpose
 //   immediates): head dim 128 splits dQ's columns over the warpgroups, head dim 64 its rows;
 //   then predicated red.global.add.v2.f32 into the f32 dq workspace.
@@ -107,7 +107,10 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
 
   const FlashAttentionParams& p = a.p;
   const int tid = kWs ? static_cast<int>(threadIdx.x) - 128 : static_cast<int>(threadIdx.x);  // consumer index
-  const int wg = tid / 128, wwarp = (tid % 128) / 32, lane = threadIdx.x % 32;
+  // wg broadcast from lane 0: ptxas then knows it is warp-uniform, so the matrix descriptors built from
+  // it live in uniform registers (no 64-bit adds and R2UR moves per wgmma on the vector pipe: +1.4% to
+  // +2.5% on the specialised layout, bench/notes/flash_attention.md "Fifteenth session").
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), wwarp = (tid % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int hk = blockIdx.x, n_block = blockIdx.y, doc = blockIdx.z;
   const auto [q_start, len_q, k_start, len_k, n0, group, off, m_begin, tiles_per_head, n_iter] =
@@ -226,8 +229,10 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
   const int n0w = n0 + wg * 64;                // first key of this warpgroup
   const int key_lo = wwarp * 16 + g;           // accumulator rows key_lo, key_lo + 8 (of the warpgroup's 64)
-  // dS^T store: row wg*64 + key_lo, column pair c; the chunk XOR (row % 8 = g) is folded in (see swz_at).
-  const uint32_t st_base = static_cast<uint32_t>((wg * 64 + key_lo) * 128 + (g << 4) + c * 4);
+  // dS^T store (stmatrix): this lane addresses row wg*64 + 16 wwarp + 8 ((lane >> 3) & 1) + (lane & 7) of
+  // the matrices of (lane >> 4); the 128-byte swizzle's chunk XOR is stsm_y (see compute_ds).
+  const uint32_t stsm_base = static_cast<uint32_t>((wg * 64 + wwarp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * 128);
+  const uint32_t stsm_y = static_cast<uint32_t>((lane >> 4) ^ (lane & 7));
 
   // Matrix descriptors, built once: the operand at byte offset o of a tile is the tile's descriptor
   // + o / 16 (the 14-bit start-address field cannot carry: shared offsets stay below 256 KiB).
@@ -319,14 +324,12 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) da[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
     }
-    // Element pair (j, r): key row + 8r, queries 8j + 2c (+1) -> slab j / 8, chunk j % 8.
+    // da[k][i] is the 8x8 matrix (keys 8r.., queries 8j..) with r = i & 1, j = 2k + (i >> 1); lane
+    // 8i + rr addresses its row rr: slab k / 4, chunk (2 (k % 4) + (i >> 1)) ^ rr = 2 (k % 4) ^ y.
 #pragma unroll
-    for (int j = 0; j < kBr / 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t o = (st_base ^ static_cast<uint32_t>((j % 8) << 4)) + (j / 8) * (kBc * 128) + r * (8 * 128);
-        st_shared_u32(sdS + o, da[j / 2][(j % 2) * 2 + r]);
-      }
+    for (int k = 0; k < kKs; ++k)
+      stmatrix_x4(sdS + stsm_base + (k / 4) * (kBc * 128) + ((2u * (k % 4) ^ stsm_y) << 4), da[k][0], da[k][1],
+                  da[k][2], da[k][3]);
   };
   auto issue_dv = [&](int buf) {
     const uint64_t o_t = dO_mn + buf * (kQBytes / 16);
