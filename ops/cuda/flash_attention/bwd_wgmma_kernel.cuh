@@ -73,7 +73,7 @@ template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool k
 __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
     flash_bwd_wgmma_kernel(const BwdArgs a, const FlashBlockMask mask, const __grid_constant__ CUtensorMap tq,
                            const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tdq) {
-  static_assert(!kWs || bwd_ws_built(kD, kDeterministic, kPrefix, kBlockMask), "layout not built");
+  static_assert(!kWs || bwd_ws_built(kD, kDeterministic, kBlockMask), "layout not built");
   constexpr int kBc = 128, kThreads = 256, kBufs = kWs ? 2 : 3;  // kThreads: the consumer threads
   constexpr int kDs = kernel_smem_dim(kD);  // shared tile width (narrow kD: 128; columns kD.. never read
                                             // except by dQ's second 64-column half, whose extra columns
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
 
   const FlashAttentionParams& p = a.p;
   const int tid = kWs ? static_cast<int>(threadIdx.x) - 128 : static_cast<int>(threadIdx.x);  // consumer index
-  // wg broadcast from lane 0: ptxas then knows it is warp-uniform, so the matrix descriptors built from
-  // it live in uniform registers (no 64-bit adds and R2UR moves per wgmma on the vector pipe: +1.4% to
+  // wg broadcast from lane 0: ptxas then knows it is warp-uniform, so the K, V and dS descriptors built
+  // from it live in uniform registers (their 64-bit adds and R2UR moves leave the vector pipe: +1.4% to
   // +2.5% on the specialised layout, bench/notes/flash_attention.md "Fifteenth session").
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), wwarp = (tid % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -501,7 +501,7 @@ void launch_bwd_wgmma_layout(const BwdArgs& a, cudaStream_t stream) {
 
 template <typename T, int kD, bool kDeterministic, bool kPrefix, bool kBlockMask>
 void launch_bwd_wgmma(const BwdArgs& a, bool specialised, cudaStream_t stream) {
-  if constexpr (bwd_ws_built(kD, kDeterministic, kPrefix, kBlockMask)) {
+  if constexpr (bwd_ws_built(kD, kDeterministic, kBlockMask)) {
     if (specialised) return launch_bwd_wgmma_layout<T, kD, kDeterministic, kPrefix, kBlockMask, true>(a, stream);
   }
   KESTREL_CHECK(!specialised, "flash_attention", "no warp-specialised backward at kernel head dim ", kD,

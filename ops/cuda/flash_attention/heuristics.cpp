@@ -117,7 +117,7 @@ KernelChoice choose_kernel(const FlashAttentionParams& p, const DeviceProps& dev
                 "arrival order");
   if (backward) {
     const bool built = k == FlashKernel::Hopper &&
-                       bwd_ws_built(c.kernel_head_dim, p.deterministic, p.prefix_len != nullptr, p.block_mask != nullptr);
+                       bwd_ws_built(c.kernel_head_dim, p.deterministic, p.block_mask != nullptr);
     KESTREL_CHECK(p.bwd_layout != FlashBwdLayout::Specialised || built, "flash_attention",
                   "bwd_layout Specialised is built for the Hopper backward at kernel head dims 80-128 without "
                   "deterministic or a block mask; this call runs ",

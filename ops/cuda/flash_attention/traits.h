@@ -68,10 +68,10 @@ struct WgmmaBwdTraits {
 // Whether the backward's warp-specialised layout (FlashBwdLayout::Specialised) is built for kernel
 // head dim kD and these variants: the 128-column tiles (Q and dO by TMA), causal, bidirectional,
 // windowed and prefix-LM masks; not deterministic (its ordered dQ adds live in the consumers'
-// reductions), not block masks (their A/B aborted at 8k, not yet understood: bench/notes/
-// flash_attention.md, "Fourteenth session"). The one rule: the kernel's template and choose_kernel
-// both ask it.
-constexpr bool bwd_ws_built(int kD, bool deterministic, bool /*prefix: built either way*/, bool block_mask) {
+// reductions), not block masks (built for them it measured level with the plain layout:
+// bench/notes/flash_attention.md, "Fifteenth session"). The one rule: the kernel's template and
+// choose_kernel both ask it.
+constexpr bool bwd_ws_built(int kD, bool deterministic, bool block_mask) {
   return kernel_smem_dim(kD) == 128 /* WgmmaBwdTraits<kD>::kTmaQ */ && !deterministic && !block_mask;
 }
 static_assert(WgmmaBwdTraits<64>::kBc == kBlockMaskBlock && kBlockMaskBlock % WgmmaBwdTraits<64>::kBr == 0 &&
