@@ -15,7 +15,7 @@
 namespace kestrel::cuda::fa {
 
 struct Workspace {
-  float* dq_accum;  // [total_q, Hq, D]
+  float* dq_accum;  // [total_q, Hq, D]; the warp-specialised backward permutes each 8-column group
   float* lse2;      // [Hq, total_q]
   float* delta;     // [Hq, total_q]
   int* dq_order;    // [Hq, total_q] i32, deterministic mode only (else null)
@@ -68,13 +68,19 @@ __global__ void bwd_preprocess_kernel(const T* __restrict__ out, const T* __rest
   }
 }
 
-// dq = scale * dq_accum, 8 elements per thread.
-template <typename T>
+// dq = scale * dq_accum, 8 elements per thread. kPermuted: each 8-column group of the accumulator
+// holds columns 0 2 4 6 1 3 5 7 (the warp-specialised backward's stmatrix order, bwd_wgmma_kernel.cuh).
+template <typename T, bool kPermuted>
 __global__ void bwd_convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t n8, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float4 a = reinterpret_cast<const float4*>(acc)[2 * i];
-    const float4 b = reinterpret_cast<const float4*>(acc)[2 * i + 1];
+    float4 a = reinterpret_cast<const float4*>(acc)[2 * i];
+    float4 b = reinterpret_cast<const float4*>(acc)[2 * i + 1];
+    if constexpr (kPermuted) {
+      const float4 even = a, odd = b;
+      a = make_float4(even.x, odd.x, even.y, odd.y);
+      b = make_float4(even.z, odd.z, even.w, odd.w);
+    }
     uint4 r;
     r.x = pack2<T>(a.x * scale, a.y * scale);
     r.y = pack2<T>(a.z * scale, a.w * scale);

@@ -31,8 +31,8 @@
 // dO by TMA, on a "full" mbarrier (32 arrivals + the bytes) that the consumers' warps release on an
 // "empty" one after the tile's last GEMM; its warp 1 adds each dQ tile into the workspace with TMA
 // bulk tensor reductions (f32 map, 32-column 128-byte-swizzled boxes; the rows past a document add
-// exact zeros) from two shared f32 tiles the consumers fill in place of their red.global (dq_full /
-// dq_empty mbarriers). All its waits are mbar_wait<true> (a trap in the kernel would cost the
+// exact zeros) from two shared f32 tiles the consumers fill by stmatrix in place of their red.global
+// (dq_full / dq_empty mbarriers; each 8-column group in the order 0 2 4 6 1 3 5 7, see store_dq). All its waits are mbar_wait<true> (a trap in the kernel would cost the
 // consumers their setmaxnreg registers).
 // kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
 // order. Thread 0 waits, before the tile's exchange barrier, until the tile's counter (a.dq_order,
@@ -367,23 +367,21 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   };
 
   // kWs: this thread's dQ accumulator into the f32 tile b (the layout of tma_reduce_add_3d's boxes:
-  // 32-column slabs of 128-byte rows, chunk ^ row % 8), then "written" for the reducing warp.
+  // 32-column slabs of 128-byte rows, chunk ^ row % 8), then "written" for the reducing warp. One
+  // stmatrix per 8-column group j stores the accumulator's register quad dq[4j..4j+3] as it is: its
+  // matrices are row g's even columns, row g's odd columns, row g + 8's even, row g + 8's odd, so each
+  // group lands as columns 0 2 4 6 1 3 5 7 (the workspace's permuted order, undone by
+  // bwd_convert_dq_kernel). Lane l gives row 8 (l >> 4) + (l & 7) of matrix l >> 3, whose 16-byte chunk
+  // is 2 (j % 4) + ((l >> 3) & 1) before the swizzle. 8 stmatrix where there were 16 st.shared.v2.f32:
+  // +2% to +3% on the specialised layout (bench/notes/flash_attention.md, "Sixteenth session").
   auto store_dq = [&](int b) {
-    // Column col0 + 8 j + 2 c lies in slab col0 / 32 + j / 4, chunk (2 (j % 4) + c / 2) ^ g of its row; as
-    // 2 (j % 4) is even that chunk is 2 (j % 4) ^ x with x = g ^ (c >> 1). One per-thread base and
-    // compile-time offsets: written per (j, r) the addresses cost the consumers 56 bytes of spills at D128.
-    const int row = (kBr == 128 ? wg * 64 : 0) + key_lo;  // rows row, row + 8; row % 8 == g
-    const uint32_t base = sdQ0 + b * kDqBytes + (kDs == 128 ? wg * 2 * (kBr * 128) : 0) + row * 128 + (c & 1) * 8;
-    const uint32_t x = static_cast<uint32_t>(g ^ (c >> 1));
+    const uint32_t base = sdQ0 + b * kDqBytes + (kDs == 128 ? wg * 2 * (kBr * 128) : wg * (64 * 128)) +
+                          static_cast<uint32_t>((wwarp * 16 + (lane >> 4) * 8 + (lane & 7)) * 128);
+    const uint32_t y = static_cast<uint32_t>(((lane >> 3) & 1) ^ (lane & 7));
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t o = (j / 4) * (kBr * 128) + r * 1024 + ((2u * (j % 4) ^ x) << 4);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(base + o), "f"(dq[4 * j + 2 * r]),
-                     "f"(dq[4 * j + 2 * r + 1])
-                     : "memory");
-      }
+      stmatrix_x4(base + (j / 4) * (kBr * 128) + ((2u * (j % 4) ^ y) << 4), __float_as_uint(dq[4 * j]),
+                  __float_as_uint(dq[4 * j + 1]), __float_as_uint(dq[4 * j + 2]), __float_as_uint(dq[4 * j + 3]));
     fence_proxy_async();
     mbar_arrive(dq_full(b));
   };

@@ -88,7 +88,7 @@ struct BwdArgs {
   const void* dout;  // [total_q, Hq, D]
   void* dk;          // [total_k, Hkv, D]
   void* dv;          // [total_k, Hkv, D]
-  float* dq_accum;   // [total_q, Hq, D] f32, zeroed by the preprocess kernel
+  float* dq_accum;   // [total_q, Hq, D] f32, zeroed by the preprocess kernel (kWs: 8-column groups permuted)
   const float* lse2;   // [Hq, total_q] lse * log2(e), +inf for rows without visible keys
   const float* delta;  // [Hq, total_q] rowsum(dout * out)
   int* dq_order;       // [Hq, total_q] i32, zeroed by the preprocess kernel; deterministic mode only:
