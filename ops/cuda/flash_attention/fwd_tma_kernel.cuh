@@ -61,7 +61,9 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t barQ = bars;                                  //   Q landed, then the rings'
   const KvRingBarriers<kStages> ring{bars + 8};
 
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, wwarp = (tid % 128) / 32;
+  // wg broadcast from lane 0 so that ptxas treats it (and what is built from it) as warp-uniform, as in
+  // the backward (bwd_wgmma_kernel.cuh).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid % 32, wwarp = (tid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
   const auto [h, hk, q_start, len_q, k_start, len_k, m0, off, n_blocks, n_first] = fwd_tile<kBr, kBc, false>(p);
   const int n_tiles = n_blocks - n_first;  // key tiles visited: blocks n_blocks - 1 down to n_first
@@ -270,7 +272,9 @@ __global__ void __launch_bounds__((kWG + 1) * 128, 1)
   }
 
   setmaxnreg_inc<kConsumerRegs>();
-  const int ctid = tid - 128, wg = ctid / 128, lane = tid % 32, wwarp = (ctid % 128) / 32;
+  // wg broadcast from lane 0 (warp-uniform to ptxas): 40 instructions fewer at D128, the forward +1% to
+  // +1.5% (bench/notes/flash_attention.md, "Sixteenth session").
+  const int ctid = tid - 128, wg = __shfl_sync(0xffffffffu, ctid / 128, 0), lane = tid % 32, wwarp = (ctid % 128) / 32;
   const int g = lane / 4, c = lane % 4;
   const float sl2 = p.softmax_scale * 1.4426950408889634f;
   int kv = 0, q_items = 0;  // as the producer's: ring position and items whose Q was used
