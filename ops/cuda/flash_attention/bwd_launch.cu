@@ -58,9 +58,9 @@ void run_backward(const FlashAttentionBackwardParams& bp, const KernelChoice& ch
   }
   const int64_t n8 = rows * p.head_dim / 8;
   if (n8 > 0) {
-    // The warp-specialised backward stores dQ by stmatrix, in its permuted column order.
-    const bool permuted = choice.kernel != FlashKernel::MmaSync && choice.bwd_specialised;
-    bool_switch(permuted, [&](auto perm) {
+    // The warp-specialised backward (bwd_specialised implies the Hopper kernels) stores dQ by stmatrix,
+    // in its permuted column order.
+    bool_switch(choice.bwd_specialised, [&](auto perm) {
       bwd_convert_dq_kernel<T, decltype(perm)::value><<<grid_stride_blocks(n8, 256), 256, 0, stream>>>(
           ws.dq_accum, static_cast<T*>(bp.dq), n8, p.softmax_scale);
     });

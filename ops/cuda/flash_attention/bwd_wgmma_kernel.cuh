@@ -32,8 +32,9 @@
 // "empty" one after the tile's last GEMM; its warp 1 adds each dQ tile into the workspace with TMA
 // bulk tensor reductions (f32 map, 32-column 128-byte-swizzled boxes; the rows past a document add
 // exact zeros) from two shared f32 tiles the consumers fill by stmatrix in place of their red.global
-// (dq_full / dq_empty mbarriers; each 8-column group in the order 0 2 4 6 1 3 5 7, see store_dq). All its waits are mbar_wait<true> (a trap in the kernel would cost the
-// consumers their setmaxnreg registers).
+// (dq_full / dq_empty mbarriers; each 8-column group in the order 0 2 4 6 1 3 5 7, see store_dq). All
+// its waits are mbar_wait<true> (a trap in the kernel would cost the consumers their setmaxnreg
+// registers).
 // kDeterministic: the key blocks of a document add their dQ partials to a query tile in key-block
 // order. Thread 0 waits, before the tile's exchange barrier, until the tile's counter (a.dq_order,
 // at the tile's first row) says that every earlier key block visiting the tile has added its part
