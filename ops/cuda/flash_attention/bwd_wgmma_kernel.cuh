@@ -67,7 +67,7 @@ constexpr size_t bwd_wgmma_smem_bytes() {
   // mbarriers; 1 KiB for the 1024-byte alignment.
   constexpr int kDs = kernel_smem_dim(kD), kBufs = kWs ? 2 : 3;
   return static_cast<size_t>(2 * 128 * kDs + 2 * kBufs * kBr * kDs + 2 * 128 * kBr) * 2 +
-         (kWs ? 2 * kBr * kDs * sizeof(float) : 0) + 2 * kBufs * kBr * sizeof(float) + 8 * 8 + 48 + 1024;
+         (kWs ? 2 * kBr * kDs * sizeof(float) : 0) + 2 * kBufs * kBr * sizeof(float) + 8 * 8 + 1024;
 }
 
 template <typename T, int kD, int kBr, bool kDeterministic, bool kPrefix, bool kBlockMask, bool kWs>
@@ -96,13 +96,6 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   const uint32_t sdQ0 = sdS0 + 2 * kSBytes;      // kWs: 2 x [kDs/32][kBr][32] f32, 128-byte swizzle
   float* sLse = reinterpret_cast<float*>(smem_raw + (sdQ0 + (kWs ? 2 * kDqBytes : 0) - raw));  // kBufs x [kBr]
   float* sDelta = sLse + kBufs * kBr;                                              // kBufs x [kBr]
-  // The consumers read lse2 / delta through 32-bit shared addresses (a generic pointer takes two registers).
-  const uint32_t sLse_u = smem_u32(sLse), sDelta_u = sLse_u + kBufs * kBr * 4;
-  auto lds_f2 = [](uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-    return v;
-  };
   constexpr bool kBwdTmaQ = WgmmaBwdTraits<kD>::kTmaQ;
   // kBwdTmaQ: full(b) "Q and dO (kWs: and lse2, delta) of buffer b landed"; kWs: empty(b) "every
   // consumer warp is done with buffer b", dq_full(b) "the dQ tile b is written", dq_empty(b) "dQ tile
@@ -113,11 +106,6 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   auto dq_full = [&](int b) { return bars + 8 * (4 + b); };
   auto dq_empty = [&](int b) { return bars + 8 * (6 + b); };
 
-#ifdef KESTREL_EXP_DQWG
-  constexpr bool kDqWg = kWs;
-#else
-  constexpr bool kDqWg = false;
-#endif
   const FlashAttentionParams& p = a.p;
   const int tid = kWs ? static_cast<int>(threadIdx.x) - 128 : static_cast<int>(threadIdx.x);  // consumer index
   // wg broadcast from lane 0: ptxas then knows it is warp-uniform, so the K, V and dS descriptors built
@@ -140,7 +128,7 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
         if constexpr (kWs) {
           mbar_init(empty(b), 8);
           mbar_init(dq_full(b), kThreads);
-          mbar_init(dq_empty(b), kDqWg ? 128 : 1);
+          mbar_init(dq_empty(b), 1);
         }
       }
       fence_mbarrier_init();
@@ -153,110 +141,7 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
     if constexpr (kBlockMask) return bwd_mask_tile_m0<kBr>(mask, mask_base, it % tiles_per_head);
     return (m_begin + it % tiles_per_head) * kBr;
   };
-  // kDqWg: the first warpgroup computes dQ = dS K itself (m64n32k16 over four 32-column quarters, from the
-  // dS^T tiles the consumers publish on dq_full, released on dq_empty), stages it and reduces it by TMA;
-  // its warp 0 also loads Q, dO, lse2 and delta. The consumers never exchange dS^T.
-  if constexpr (kDqWg) {
-    if (threadIdx.x < 128) {
-      // setmaxnreg.inc draws only on what the block's own warpgroups gave back: the split may not exceed
-      // the launch allocation (168 x 384), or the consumers' inc waits forever.
-      static_assert(128 * 56 + 256 * 224 <= 384 * 168, "register split over the block's allocation");
-      setmaxnreg_dec<56>();
-      const int qwarp = threadIdx.x / 32;
-      // 32-bit shared addresses only (a generic pointer holds two registers): tile_at [kBufs] x (head,
-      // first token) for the reduction; ctx, the loads' tile context, read back (volatile) in the loading
-      // branch so that none of it holds a register across the dQ GEMMs (56 registers).
-      const uint32_t tile_at = bars + 64, ctx = bars + 80, s_rows = smem_u32(sLse);
-      auto st_s32 = [](uint32_t addr, int v) { asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); };
-      auto ld_s32 = [](uint32_t addr) {
-        int v;
-        asm volatile("ld.volatile.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-        return v;
-      };
-      if (threadIdx.x == 0) {
-        st_s32(ctx, hk * group);
-        st_s32(ctx + 4, tiles_per_head);
-        st_s32(ctx + 8, m_begin);
-        st_s32(ctx + 12, q_start);
-        st_s32(ctx + 16, len_q);
-      }
-      __syncwarp();
-      auto load = [&](int it) {
-        const int tph = ld_s32(ctx + 4), qs = ld_s32(ctx + 12), lq = ld_s32(ctx + 16);
-        const int buf = it % kBufs, h = ld_s32(ctx) + it / tph, m0 = (ld_s32(ctx + 8) + it % tph) * kBr;
-        // lse2 / delta by cp.async (zero-filled past the document), whose completion is this lane's arrival
-        // on full(buf): the warp does not wait for global memory.
-        if (lane == 0) asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(full(buf)), "r"(2 * kQBytes) : "memory");
-#pragma unroll 1
-        for (int i = lane; i < 2 * kBr; i += 32) {
-          const int r = i % kBr;
-          const bool ok = m0 + r < lq;
-          const int64_t idx = static_cast<int64_t>(h) * a.total_q + qs + m0 + (ok ? r : 0);
-          cp_async_4(s_rows + 4u * (i / kBr * kBufs * kBr + buf * kBr + r), (i < kBr ? a.lse2 : a.delta) + idx, ok);
-        }
-        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full(buf)) : "memory");
-        if (lane == 0) {
-          st_s32(tile_at + 8 * buf, h);  // for the reduction (one thread: warp 0's lane 0)
-          st_s32(tile_at + 8 * buf + 4, qs + m0);
-          tma_load_tile<kBr, kDs>(sQ0 + buf * kQBytes, &tq, full(buf), h, qs + m0);
-          tma_load_tile<kBr, kDs>(sdO0 + buf * kQBytes, &tdo, full(buf), h, qs + m0);
-        }
-      };
-      if (qwarp == 0 && n_iter > 0) load(0);
-      if (n_iter > 0) named_bar_sync(3, kThreads + 128);  // K landed
-      const uint64_t qdS = wgmma_desc(sdS0, kBc * 128, 1024), qdK = wgmma_desc(sK, kBc * 128, 1024);
-      const uint32_t row = static_cast<uint32_t>((qwarp * 16 + (lane >> 4) * 8 + (lane & 7)) * 128);
-      const uint32_t y = static_cast<uint32_t>(((lane >> 3) & 1) ^ (lane & 7));
-      float dq[16];
-      for (int it = 0; it < n_iter; ++it) {
-        if (qwarp == 0 && it + 1 < n_iter) {  // buffer (it + 1) % 2 was last read by tile it - 1
-          if (it + 1 >= kBufs) mbar_wait<true>(empty((it + 1) % kBufs), static_cast<uint32_t>(((it + 1) / kBufs - 1) & 1));
-          load(it + 1);
-        }
-        const int b = it & 1;
-        if (it >= 2) {  // staging tile b was last reduced for tile it - 2
-          if (threadIdx.x == 0) tma_wait_read<1>();
-          named_bar_sync(4, 128);
-        }
-        mbar_wait<true>(dq_full(b), static_cast<uint32_t>((it >> 1) & 1));
-        // Four 32-column quarters, one accumulator set (two do not fit 56 registers).
-        auto issue_q = [&](float (&acc)[16], int qq) {
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kBc / 16; ++kk)
-            WgmmaSST<T, 32>::run(acc, qdS + b * (kSBytes / 16) + kk * (16 * 128 / 16),
-                                 qdK + (qq / 2) * (kBc * 128 / 16) + (qq % 2) * 4 + kk * (16 * 128 / 16), kk > 0);
-          wgmma_commit();
-        };
-        auto stage_q = [&](float (&acc)[16], int qq) {
-          const uint32_t base = sdQ0 + b * kDqBytes + qq * (kBr * 128) + row;
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            stmatrix_x4(base + ((2u * j ^ y) << 4), __float_as_uint(acc[4 * j]), __float_as_uint(acc[4 * j + 1]),
-                        __float_as_uint(acc[4 * j + 2]), __float_as_uint(acc[4 * j + 3]));
-        };
-#pragma unroll
-        for (int qq = 0; qq < 4; ++qq) {
-          issue_q(dq, qq);
-          wgmma_wait<0>();
-          fence_regs(dq);
-          if (qq == 3) mbar_arrive(dq_empty(b));
-          stage_q(dq, qq);
-        }
-        fence_proxy_async();
-        named_bar_sync(4, 128);
-        if (threadIdx.x == 0) {  // wrote tile_at[it % kBufs] itself; the buffer is not reloaded before tile it's dQ
-          const int ah = ld_s32(tile_at + 8 * (it % kBufs)), at = ld_s32(tile_at + 8 * (it % kBufs) + 4);
-          for (int box = 0; box * 32 < p.head_dim; ++box)
-            tma_reduce_add_3d(&tdq, sdQ0 + b * kDqBytes + box * (kBr * 128), box * 32, ah, at);
-          tma_commit();
-        }
-      }
-      if (threadIdx.x == 0) tma_wait<0>();
-      return;
-    }
-    setmaxnreg_inc<224>();
-  } else if constexpr (kWs) {
+  if constexpr (kWs) {
     if (threadIdx.x < 128) {  // producer warpgroup: warp 0 loads, warp 1 reduces dQ, the others leave
       setmaxnreg_dec<24>();
       const int warp = threadIdx.x / 32;
@@ -385,7 +270,7 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   constexpr bool kEarlyLse = kBr == 64 && !kWs;
   auto load_lse = [&](int buf, float2 (&l)[kBr / 8]) {
 #pragma unroll
-    for (int j = 0; j < kBr / 8; ++j) l[j] = lds_f2(sLse_u + 4 * (buf * kBr + 8 * j + 2 * c));
+    for (int j = 0; j < kBr / 8; ++j) l[j] = *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
   };
   auto compute_p = [&](int buf, int m0, const float2 (&lse)[kBr / 8], int kind) {
     const bool need_mask = (m0 + kBr > len_q) || (n0w + 64 > len_k) || (p.causal && n0w + 63 > m0 + off) ||
@@ -395,7 +280,7 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
       const int prefix = decltype(masked)::value ? doc_prefix<kPrefix>(p, doc) : 0;
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j) {
-        const float2 l = kEarlyLse ? lse[j] : lds_f2(sLse_u + 4 * (buf * kBr + 8 * j + 2 * c));
+        const float2 l = kEarlyLse ? lse[j] : *reinterpret_cast<const float2*>(sLse + buf * kBr + 8 * j + 2 * c);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = fast_exp2(fmaf(s[4 * j + e], sl2, -((e & 1) ? l.y : l.x)));
@@ -418,10 +303,6 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
         bwd_apply_mask_bits<kBr>(s, mask.bits_t + static_cast<int64_t>(kind) * (kBlockMaskBlock * 4), wg * 64 + key_lo,
                                  m0 % kBlockMaskBlock, c);
     }
-  };
-  // P^T as 16-bit A fragments for dV, packed after dS^T (which reads P^T in f32): the fragments are not
-  // live while dS^T is computed (16 registers at the consumers' peak).
-  auto pack_p = [&]() {
 #pragma unroll
     for (int kk = 0; kk < kKs; ++kk) {
       pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -432,10 +313,10 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   };
   // dS^T = P^T (dP^T - delta): A fragments, and the [key][query] shared tile for dQ.
   auto compute_ds = [&](int buf, uint32_t sdS) {
-    const uint32_t dlt = sDelta_u + 4 * buf * kBr;
+    const float* dlt = sDelta + buf * kBr;
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
-      const float2 d = lds_f2(dlt + 4 * (8 * j + 2 * c));
+      const float2 d = *reinterpret_cast<const float2*>(dlt + 8 * j + 2 * c);
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
     }
@@ -514,42 +395,9 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
   if (n_iter > 0) {
     cp_async_wait<0>();
     fence_proxy_async();
-    if constexpr (kWs) named_bar_sync(3, kThreads + (kDqWg ? 128 : 0));  // K, V visible to both consumer warpgroups
+    if constexpr (kWs) named_bar_sync(3, kThreads);  // K, V visible to both consumer warpgroups
     else __syncthreads();                           // K, V and tile 0 visible
   }
-  if constexpr (kDqWg) {
-    for (int it = 0; it < n_iter; ++it) {
-      const int buf = it % kBufs;
-      mbar_wait<kWs>(full(buf), static_cast<uint32_t>((it / kBufs) & 1));
-      const int valid = len_q - tile_m0(it);
-      if (valid < kBr) {
-        zero_tile_rows<kBr, kDs>(sQ0 + buf * kQBytes, valid, tid, kThreads);
-        zero_tile_rows<kBr, kDs>(sdO0 + buf * kQBytes, valid, tid, kThreads);
-        named_bar_sync(2, kThreads);
-      }
-      wgmma_fence();
-      issue_sdp(buf);
-      float2 lse[kBr / 8];
-      wgmma_wait<1>();
-      fence_regs(s);
-      compute_p(buf, tile_m0(it), lse, tile_kind(it));
-      wgmma_wait<0>();
-      fence_regs(dp);
-      // dS^T tile it & 1 was last read by the dQ GEMMs of tile it - 2
-      if (it >= 2) mbar_wait<kWs>(dq_empty(it & 1), static_cast<uint32_t>(((it >> 1) - 1) & 1));
-      compute_ds(buf, sdS0 + (it & 1) * kSBytes);
-      pack_p();
-      wgmma_fence();
-      issue_dv(buf);
-      fence_proxy_async();
-      mbar_arrive(dq_full(it & 1));  // this thread's dS^T, for the dQ warpgroup
-      issue_dk(buf);
-      wgmma_wait<0>();
-      fence_regs(pa);
-      fence_regs(da);
-      if (lane == 0) mbar_arrive(empty(buf));
-    }
-  } else
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % kBufs;
     if constexpr (kBwdTmaQ) {
@@ -579,7 +427,6 @@ __global__ void __launch_bounds__(kWs ? 384 : 256, 1)
     wgmma_wait<0>();
     fence_regs(dp);
     compute_ds(buf, sdS0 + (it & 1) * kSBytes);
-    pack_p();
     if constexpr (kDeterministic) {  // no wgmma in flight here; the barrier below releases the block
       if (tid == 0) wait_counter_eq(dq_order_flag(it), n_block - bwd_first_key_block<kBc, kBr>(p, tile_m0(it) / kBr, off));
     }
